@@ -1,0 +1,164 @@
+"""Stage 4: the GRPO objective, one equation per function.
+
+DeepSeekMath's objective (arXiv 2402.03300, eq. 3), to be *maximised*:
+
+    J = mean_i (1/|o_i|) sum_t [ min(rho_it A_i, clip(rho_it, 1-eps_low, 1+eps_high) A_i) - beta KL_it ]
+
+    rho_it = pi_theta(o_it | q, o_i<t) / pi_old(o_it | q, o_i<t)       the ratio
+    KL_it  = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1                  the k3 estimator
+
+The loss is -J. Everything here works on (N, T) per-token tensors (N = B * G
+completions, T completion tokens) and the (N,) advantages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minigrpo.logprobs import masked_mean, masked_sum
+
+
+def importance_ratio(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    level: str = "token",
+) -> torch.Tensor:
+    """rho = pi_theta / pi_old, per token (GRPO) or per sequence (GSPO).
+
+    per_token_logps, old_per_token_logps, completion_mask: (N, T).
+    "token" -> (N, T): exp(logp - logp_old).
+    "sequence" -> (N, 1): exp(mean_t (logp - logp_old)), the geometric mean of
+    the token ratios (GSPO, arXiv 2507.18071), one per completion.
+    With num_iterations == 1, pi_old is the current policy detached: rho == 1
+    in value, but its gradient is grad log pi, which is the whole point.
+    """
+    log_ratio = per_token_logps - old_per_token_logps  # (N, T)
+    if level == "token":
+        return torch.exp(log_ratio)  # (N, T)
+    if level == "sequence":
+        return torch.exp(masked_mean(log_ratio, completion_mask, dim=1)).unsqueeze(1)  # (N, 1)
+    raise ValueError(f"importance_sampling_level={level!r}: use 'token' or 'sequence'.")
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float
+) -> torch.Tensor:
+    """PPO's clipped surrogate, min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A).
+
+    ratio: (N, T) or (N, 1); advantages: (N,) -> (N, T) or (N, 1) (to be maximised).
+    The min makes it pessimistic: once a token's probability has moved
+    eps past where it started *in the direction the advantage asks for*, its
+    gradient is zero. At rho == 1 this is exactly REINFORCE's A * rho.
+    epsilon_high > epsilon_low is DAPO's clip-higher (keeps rare tokens alive).
+    """
+    advantages = advantages.unsqueeze(1)  # (N, 1)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantages
+    return torch.min(unclipped, clipped)
+
+
+def kl_penalty(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta. (N, T) -> (N, T).
+
+    With log_r = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020):
+      k1 = -log_r                unbiased, can be negative, high variance
+      k2 = log_r^2 / 2           biased, always >= 0
+      k3 = exp(log_r) - log_r - 1  unbiased, always >= 0, low variance (DeepSeekMath)
+    """
+    log_r = ref_per_token_logps - per_token_logps  # (N, T)
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2
+    if estimator == "k3":
+        return torch.exp(log_r) - log_r - 1
+    raise ValueError(f"kl_estimator={estimator!r}: use 'k1', 'k2' or 'k3'.")
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor,
+    completion_mask: torch.Tensor,
+    loss_type: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | None = None,
+) -> torch.Tensor:
+    """Reduce (N, T) per-token losses to one number; the loss types differ only in the normaliser.
+
+    "grpo"    mean_i (1/|o_i|) sum_t l_it   per-sequence mean (DeepSeekMath): a
+              token of a short answer weighs more than one of a long answer.
+    "bnpo"    sum_it l_it / sum_it m_it      token mean over this micro-batch.
+    "dapo"    sum_it l_it / num_items_in_batch   token mean over the *whole*
+              step's tokens (DAPO), so micro-batching does not change it.
+    "dr_grpo" sum_it l_it / (N * max_completion_length)   a constant (Dr. GRPO):
+              no length bias at all.
+    """
+    assert per_token_loss.shape == completion_mask.shape, "per_token_loss and completion_mask must both be (N, T)"
+    if loss_type == "grpo":
+        return masked_mean(per_token_loss, completion_mask, dim=1).mean()
+    if loss_type == "bnpo":
+        return masked_mean(per_token_loss, completion_mask)
+    if loss_type == "dapo":
+        total_tokens = completion_mask.sum() if num_items_in_batch is None else num_items_in_batch
+        return masked_sum(per_token_loss, completion_mask) / max(float(total_tokens), 1.0)
+    if loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError("loss_type='dr_grpo' needs max_completion_length (its constant normaliser).")
+        return masked_sum(per_token_loss, completion_mask) / (per_token_loss.shape[0] * max_completion_length)
+    raise ValueError(f"loss_type={loss_type!r}: use 'grpo', 'bnpo', 'dapo' or 'dr_grpo'.")
+
+
+def clip_fractions(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> dict[str, float]:
+    """Fraction of tokens whose gradient the clip switched off (TRL's clip_ratio/* metrics)."""
+    advantages = advantages.unsqueeze(1)  # (N, 1)
+    low = ((ratio < 1 - epsilon_low) & (advantages < 0)).expand_as(completion_mask).float()  # (N, T)
+    high = ((ratio > 1 + epsilon_high) & (advantages > 0)).expand_as(completion_mask).float()  # (N, T)
+    return {
+        "clip_ratio/low_mean": masked_mean(low, completion_mask).item(),
+        "clip_ratio/high_mean": masked_mean(high, completion_mask).item(),
+        "clip_ratio/region_mean": masked_mean(low + high, completion_mask).item(),
+    }
+
+
+def grpo_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor | None,
+    ref_per_token_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    config,
+    num_items_in_batch: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The full GRPO loss of one micro-batch: -(surrogate - beta * KL), aggregated.
+
+    Symbol               | Shape  | Description
+    ---------------------|--------|-------------------------------------------------
+    per_token_logps      | (n, T) | log pi_theta, with gradient
+    old_per_token_logps  | (n, T) | log pi_old; None -> per_token_logps.detach()
+    ref_per_token_logps  | (n, T) | log pi_ref; None when beta == 0
+    advantages           | (n,)   | one advantage per completion
+    completion_mask      | (n, T) | 1 on tokens that count
+    returns              | ()     | the loss, and a dict of metrics (floats)
+    """
+    assert per_token_logps.shape == completion_mask.shape, "per_token_logps and completion_mask must both be (n, T)"
+    assert advantages.shape == per_token_logps.shape[:1], "advantages must be (n,)"
+    if old_per_token_logps is None:
+        old_per_token_logps = per_token_logps.detach()
+    ratio = importance_ratio(per_token_logps, old_per_token_logps, completion_mask, config.importance_sampling_level)
+    surrogate = clipped_surrogate(ratio, advantages, config.epsilon_low, config.clip_epsilon_high)  # (n, T)
+    per_token_loss = -surrogate.expand_as(per_token_logps)  # (n, T)
+    metrics = clip_fractions(ratio, advantages, completion_mask, config.epsilon_low, config.clip_epsilon_high)
+    if config.beta != 0.0:
+        kl = kl_penalty(per_token_logps, ref_per_token_logps, config.kl_estimator)  # (n, T)
+        per_token_loss = per_token_loss + config.beta * kl
+        metrics["kl"] = masked_mean(kl.detach(), completion_mask).item()
+    loss = aggregate_loss(
+        per_token_loss, completion_mask, config.loss_type, config.max_completion_length, num_items_in_batch
+    )
+    return loss, metrics

@@ -1,0 +1,191 @@
+"""Stage 1: group sampling. Each prompt is repeated G times and completed by the policy.
+
+Rollouts are group-major: row b*G + g is completion g of prompt b, so a (N,)
+tensor becomes the (B, G) groups with a plain .view(B, G).
+
+Prompts are left-padded (so every prompt ends where generation begins) and
+completions right-padded (so every completion starts at the same column). A
+completion ends at its first EOS token; the EOS counts (the model must learn
+to stop), the padding after it does not. A completion with no EOS ran out of
+max_completion_length: it is *truncated*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from minigrpo.logprobs import batched_per_token_logps
+from minigrpo.models import precision_context
+
+
+@dataclass
+class Rollout:
+    """One step's sampled completions and everything the loss needs about them.
+
+    Symbol               | Shape  | Description
+    ---------------------|--------|------------------------------------------------
+    prompt_ids           | (N, P) | left-padded prompt tokens, each prompt G times
+    prompt_mask          | (N, P) | 1 on real prompt tokens
+    completion_ids       | (N, T) | right-padded completion tokens
+    completion_mask      | (N, T) | 1 up to and including the first EOS
+    is_truncated         | (N,)   | True when no EOS within max_completion_length
+    old_per_token_logps  | (N, T) | log pi_old, or None when num_iterations == 1
+    ref_per_token_logps  | (N, T) | log pi_ref, or None when beta == 0
+    completions          | N str  | decoded completions (special tokens removed)
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    is_truncated: torch.Tensor
+    completions: list[str]
+    old_per_token_logps: torch.Tensor | None = None
+    ref_per_token_logps: torch.Tensor | None = None
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)  # (N, P + T)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)  # (N, P + T)
+
+    def completion_id_lists(self) -> list[list[int]]:
+        """Each completion's token ids without padding (what TRL passes as completion_ids)."""
+        lengths = self.completion_mask.sum(1).tolist()
+        return [ids[: int(n)] for ids, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
+
+
+def repeat_for_group(items: list, num_generations: int) -> list:
+    """[a, b] -> [a, a, ..., b, b, ...], each item G times (group-major)."""
+    return [item for item in items for _ in range(num_generations)]
+
+
+def render_prompts(tokenizer, prompts: list) -> list[str]:
+    """Chat messages -> text through the tokenizer's chat template; plain strings pass through."""
+    return [
+        p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+
+
+def tokenize_prompts(tokenizer, prompts: list, max_prompt_length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (n, P). Fails when a prompt is longer than max_prompt_length."""
+    texts = render_prompts(tokenizer, prompts)
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    longest = encoded["input_ids"].shape[1]
+    if longest > max_prompt_length:
+        raise ValueError(
+            f"a prompt is {longest} tokens long but max_prompt_length={max_prompt_length}: "
+            f"raise max_prompt_length to at least {longest} or shorten the prompts."
+        )
+    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every token id that ends a completion (Qwen2.5 stops on <|im_end|> and <|endoftext|>)."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) ids -> mask (N, T) that is 1 up to and including the first EOS, and is_truncated (N,).
+
+    A completion with no EOS keeps every token and is truncated.
+    """
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))  # (N, T)
+    has_eos = is_eos.any(dim=1)  # (N,)
+    T = completion_ids.shape[1]
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, T, dtype=torch.long))  # (N,)
+    positions = torch.arange(T, device=completion_ids.device).unsqueeze(0)  # (1, T)
+    completion_mask = (positions <= first_eos.unsqueeze(1)).long()  # (N, T)
+    return completion_mask, ~has_eos
+
+
+def generation_config_for(config, model, tokenizer, greedy: bool = False) -> GenerationConfig:
+    """Sampling exactly from pi_theta at `temperature`: no top-k, no repetition penalty.
+
+    Built from scratch on purpose: Qwen2.5-Instruct's own generation_config
+    samples with top_k=20, top_p=0.8 and repetition_penalty=1.05, which would
+    make the completions come from a different distribution than the
+    log-probs we train on.
+    """
+    options = dict(
+        max_new_tokens=config.max_completion_length,
+        eos_token_id=eos_token_ids(model, tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        repetition_penalty=1.0,
+    )
+    if greedy:
+        options.update(do_sample=False)
+    else:
+        options.update(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=0)
+    if use_fast_generation(config, model):
+        options.update(cache_implementation="static")
+    return GenerationConfig(**options)
+
+
+def use_fast_generation(config, model) -> bool:
+    """The static-cache fast path: on by default on CUDA, off on the CPU (where it does not pay)."""
+    if config.fast_generation is not None:
+        return config.fast_generation
+    return next(model.parameters()).device.type == "cuda"
+
+
+@torch.no_grad()
+def generate_completions(model, tokenizer, prompt_ids, prompt_mask, config, greedy: bool = False) -> torch.Tensor:
+    """model.generate with the KV cache -> completion ids (n, T), T <= max_completion_length."""
+    was_training = model.training
+    model.eval()
+    with precision_context(prompt_ids.device):
+        sequences = model.generate(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            generation_config=generation_config_for(config, model, tokenizer, greedy),
+        )
+    model.train(was_training)
+    return sequences[:, prompt_ids.shape[1] :]  # (n, T)
+
+
+def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None) -> Rollout:
+    """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
+
+    old log-probs are computed only when num_iterations > 1 (otherwise the
+    current log-probs, detached, are pi_old exactly, and a forward pass is
+    saved); reference log-probs only when beta > 0.
+    """
+    device = next(model.parameters()).device
+    group_prompts = repeat_for_group(prompts, config.num_generations)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, group_prompts, config.max_prompt_length, device)
+    completion_ids = generate_completions(model, tokenizer, prompt_ids, prompt_mask, config)
+    completion_mask, is_truncated = completion_mask_from_eos(completion_ids, eos_token_ids(model, tokenizer))
+    rollout = Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        is_truncated=is_truncated,
+        completions=[],
+    )
+    rollout.completions = tokenizer.batch_decode(rollout.completion_id_lists(), skip_special_tokens=True)
+    logps_args = dict(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        logits_to_keep=completion_ids.shape[1],
+        batch_size=config.per_device_train_batch_size,
+        temperature=config.temperature,
+        chunk_size=config.logprob_chunk_size,
+    )
+    with precision_context(device):
+        if config.num_iterations > 1:
+            rollout.old_per_token_logps = batched_per_token_logps(model, **logps_args)
+        if config.beta != 0.0:
+            rollout.ref_per_token_logps = batched_per_token_logps(ref_model, **logps_args)
+    return rollout

@@ -1,0 +1,1 @@
+"""Tasks: problems, prompts and reward functions."""

@@ -1,0 +1,485 @@
+"""The trainer: the only stateful object. It orchestrates the stages and does no math itself.
+
+    prompts -> rollout (stage 1) -> rewards (2) -> advantages (3) -> loss + update (4)
+
+``Trainer`` holds everything GRPO and PPO share (the loop, prompt sampling,
+rollout and reward scoring, evaluation, metrics, checkpoints and resume);
+``GRPOTrainer`` adds stages 3 and 4. ``minigrpo.ppo.PPOTrainer`` adds its
+critic on the same base.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from tqdm.auto import tqdm
+
+from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
+from minigrpo.config import GRPOConfig
+from minigrpo.logprobs import masked_mean, per_token_logps
+from minigrpo.losses import grpo_loss
+from minigrpo.models import make_reference_model, precision_context
+from minigrpo.rewards import compute_rewards, reward_func_name
+from minigrpo.rollout import (
+    Rollout,
+    completion_mask_from_eos,
+    eos_token_ids,
+    generate_completions,
+    render_prompts,
+    repeat_for_group,
+    sample_group_rollout,
+    tokenize_prompts,
+)
+
+METRICS_FILE = "metrics.jsonl"
+STATE_FILE = "trainer_state.pt"
+HISTORY_FILE = "trainer_state.json"
+
+
+# --- prompts in a seeded, resumable order -------------------------------------------
+class PromptSampler:
+    """Walks the dataset in a fresh seeded permutation each epoch; its state is (epoch, position)."""
+
+    def __init__(self, dataset_size: int, seed: int):
+        self.dataset_size, self.seed = dataset_size, seed
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.dataset_size, generator=generator).tolist()
+
+    def next_indices(self, count: int) -> list[int]:
+        indices = []
+        while len(indices) < count:
+            order = self._order()
+            take = order[self.position : self.position + count - len(indices)]
+            indices += take
+            self.position += len(take)
+            if self.position >= self.dataset_size:
+                self.epoch, self.position = self.epoch + 1, 0
+        return indices
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+# --- evaluation ---------------------------------------------------------------------
+def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> list[str]:
+    """Greedy (temperature 0) completions of `prompts`, config.eval_batch_size at a time."""
+    device = next(model.parameters()).device
+    eos_ids = eos_token_ids(model, tokenizer)
+    texts = []
+    for start in range(0, len(prompts), config.eval_batch_size):
+        batch = prompts[start : start + config.eval_batch_size]
+        prompt_ids, prompt_mask = tokenize_prompts(tokenizer, batch, config.max_prompt_length, device)
+        completion_ids = generate_completions(model, tokenizer, prompt_ids, prompt_mask, config, greedy=True)
+        completion_mask, _ = completion_mask_from_eos(completion_ids, eos_ids)
+        lengths = completion_mask.sum(1).tolist()
+        ids = [row[: int(n)] for row, n in zip(completion_ids.tolist(), lengths, strict=True)]
+        texts += tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return texts
+
+
+def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
+    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean."""
+    prompts = list(dataset["prompt"])
+    completions = greedy_completions(model, tokenizer, prompts, config)
+    columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+    rewards_per_func, rewards = compute_rewards(
+        reward_funcs, prompts, completions, [[] for _ in completions], columns, config.reward_weights
+    )
+    metrics = {"eval/accuracy": rewards_per_func[:, 0].nanmean().item(), "eval/reward": rewards.mean().item()}
+    for f, func in enumerate(reward_funcs):
+        metrics[f"eval/rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
+    return metrics
+
+
+# --- the shared loop ----------------------------------------------------------------
+class Trainer:
+    """The loop every RL trainer here shares. Subclasses implement `optimize(rollout, rewards)`."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        reward_funcs: Callable | Sequence[Callable],
+        train_dataset,
+        config: GRPOConfig | None = None,
+        eval_dataset=None,
+        ref_model=None,
+    ):
+        self.config = config if config is not None else GRPOConfig()
+        self.model, self.tokenizer = model, tokenizer
+        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self._check_inputs()
+        self.device = next(model.parameters()).device
+        if self.config.beta != 0.0:
+            self.ref_model = ref_model if ref_model is not None else make_reference_model(model)
+        else:
+            self.ref_model = None  # beta == 0: no KL term, no reference model in memory
+        self.optimizer = torch.optim.AdamW(
+            [p for module in self.trainable_modules().values() for p in module.parameters() if p.requires_grad],
+            lr=self.config.learning_rate,
+            betas=(self.config.adam_beta1, self.config.adam_beta2),
+            weight_decay=self.config.weight_decay,
+        )
+        warmup = self.config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
+        self.sampler = PromptSampler(len(train_dataset), self.config.seed)
+        self.step = 0
+        self.history: list[dict] = []
+        self._weights_changed = False  # has the current step called optimizer.step() yet?
+        self.output_dir = Path(self.config.output_dir)
+
+    # --- checks that fail at once ---------------------------------------------------
+    def _check_inputs(self) -> None:
+        config = self.config
+        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
+            raise ValueError(
+                "reward_funcs must be one or more functions f(prompts, completions, completion_ids, **kw)."
+            )
+        if config.reward_weights is not None and len(config.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(config.reward_weights)} entries for {len(self.reward_funcs)} reward "
+                "functions: give one weight per function."
+            )
+        for name, dataset in (("train_dataset", self.train_dataset), ("eval_dataset", self.eval_dataset)):
+            if dataset is None:
+                continue
+            if "prompt" not in dataset.column_names:
+                raise ValueError(
+                    f"{name} has columns {dataset.column_names} but no 'prompt' column: rename the column that "
+                    "holds the prompts (chat messages or strings) to 'prompt'."
+                )
+            if len(dataset) == 0:
+                raise ValueError(f"{name} is empty: give it at least one prompt.")
+            longest = max(len(ids) for ids in self._prompt_token_ids(dataset["prompt"]))
+            if longest > config.max_prompt_length:
+                raise ValueError(
+                    f"the longest prompt in {name} is {longest} tokens but max_prompt_length="
+                    f"{config.max_prompt_length}: raise max_prompt_length to at least {longest} or shorten the prompts."
+                )
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if context is not None and config.max_prompt_length + config.max_completion_length > context:
+            raise ValueError(
+                f"max_prompt_length={config.max_prompt_length} + max_completion_length="
+                f"{config.max_completion_length} exceeds the model's context of {context} tokens: lower one of them."
+            )
+
+    def _prompt_token_ids(self, prompts) -> list[list[int]]:
+        return self.tokenizer(render_prompts(self.tokenizer, list(prompts)), add_special_tokens=False)["input_ids"]
+
+    # --- the loop -----------------------------------------------------------------
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> list[dict]:
+        """Run until config.max_steps; returns the metric history (one dict per step)."""
+        if resume_from_checkpoint:
+            path = latest_checkpoint(self.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+            if path is None:
+                print(f"no checkpoint in {self.output_dir}: starting from scratch")
+            else:
+                self.load_checkpoint(path)
+        else:
+            random.seed(self.config.seed)
+            torch.manual_seed(self.config.seed)
+            (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+        self.model.train()
+        progress = tqdm(total=self.config.max_steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True)
+        while self.step < self.config.max_steps:
+            metrics = self._guarded_step()
+            self.step += 1
+            if self._due(self.config.eval_steps) and self.eval_dataset is not None:
+                metrics.update(self.evaluate())
+            self._log(metrics)
+            if self._due(self.config.save_steps):
+                self.save_checkpoint()
+            progress.update(1)
+            progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/accuracy") if k in metrics})
+        progress.close()
+        return self.history
+
+    def _due(self, every: int) -> bool:
+        return self.step == self.config.max_steps or (every > 0 and self.step % every == 0)
+
+    def _guarded_step(self) -> dict:
+        """One training step. If it fails before the first optimizer.step, the state as it was
+        when the step began is saved, so a resumed run continues exactly (nothing is lost)."""
+        start = {"rng": _rng_state(), "sampler": self.sampler.state_dict()}
+        self._weights_changed = False
+        try:
+            return self.training_step()
+        except BaseException:
+            if not self._weights_changed and self.step > 0:
+                path = self.save_checkpoint(rng_state=start["rng"], sampler_state=start["sampler"])
+                print(
+                    f"\nstep {self.step + 1} failed: the state after step {self.step} is saved in {path}; "
+                    "resume with --resume (or train(resume_from_checkpoint=True))."
+                )
+            raise
+
+    def training_step(self) -> dict:
+        """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
+        started = time.perf_counter()
+        rollout, rewards, metrics = self.collect_rollout()
+        updated = time.perf_counter()
+        metrics.update(self.optimize(rollout, rewards))
+        metrics["time/update"] = time.perf_counter() - updated
+        metrics["step_time"] = time.perf_counter() - started
+        return metrics
+
+    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics."""
+        config = self.config
+        batch = self.train_dataset[self.sampler.next_indices(config.prompts_per_step)]
+        started = time.perf_counter()
+        rollout = sample_group_rollout(self.model, self.tokenizer, batch["prompt"], config, self.ref_model)
+        scored = time.perf_counter()
+        columns = {k: repeat_for_group(v, config.num_generations) for k, v in batch.items() if k != "prompt"}
+        rewards_per_func, rewards = compute_rewards(
+            self.reward_funcs,
+            repeat_for_group(batch["prompt"], config.num_generations),
+            rollout.completions,
+            rollout.completion_id_lists(),
+            columns,
+            config.reward_weights,
+        )
+        metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
+        metrics.update(reward_metrics(rewards_per_func, rewards, self.reward_funcs, config.num_generations))
+        metrics.update(completion_metrics(rollout))
+        return rollout, rewards.to(self.device), metrics
+
+    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+        raise NotImplementedError
+
+    def evaluate(self) -> dict:
+        """Greedy accuracy on the held-out set (see evaluate_model)."""
+        return evaluate_model(self.model, self.tokenizer, self.eval_dataset, self.reward_funcs, self.config)
+
+    def _log(self, metrics: dict) -> None:
+        metrics = {"step": self.step, **metrics}
+        self.history.append(metrics)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output_dir / METRICS_FILE, "a") as f:
+            f.write(json.dumps(metrics) + "\n")
+
+    # --- checkpoints ----------------------------------------------------------------
+    def trainable_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules whose weights a checkpoint must hold; 'model' is the policy."""
+        return {"model": self.model}
+
+    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
+        """Write output_dir/checkpoint-{step} atomically (a temporary folder renamed at the end)."""
+        final = self.output_dir / f"checkpoint-{self.step}"
+        tmp = self.output_dir / f".checkpoint-{self.step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, module in self.trainable_modules().items():
+            target = tmp if name == "model" else tmp / name
+            module.save_pretrained(target) if hasattr(module, "save_pretrained") else _save_module(module, target)
+        self.tokenizer.save_pretrained(tmp)
+        state = {
+            "step": self.step,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": sampler_state or self.sampler.state_dict(),
+            "rng": rng_state or _rng_state(),
+        }
+        torch.save(state, tmp / STATE_FILE)
+        (tmp / HISTORY_FILE).write_text(json.dumps({"step": self.step, "history": self.history}, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        self._rotate_checkpoints()
+        return final
+
+    def _rotate_checkpoints(self) -> None:
+        checkpoints = sorted(self.output_dir.glob("checkpoint-*"), key=_checkpoint_step)
+        for old in checkpoints[: max(0, len(checkpoints) - self.config.save_total_limit)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore model(s), optimizer, scheduler, RNG, data position and metric history."""
+        path = Path(path)
+        if not (path / STATE_FILE).exists():
+            raise FileNotFoundError(
+                f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder."
+            )
+        for name, module in self.trainable_modules().items():
+            _load_module(module, path if name == "model" else path / name)
+        state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        _set_rng_state(state["rng"])
+        self.step = state["step"]
+        self.history = json.loads((path / HISTORY_FILE).read_text())["history"]
+        with open(self.output_dir / METRICS_FILE, "w") as f:  # drop lines logged after the checkpoint
+            f.writelines(json.dumps(m) + "\n" for m in self.history)
+        print(f"resumed from {path} at step {self.step}")
+
+    def clip_and_step(self) -> float:
+        """Clip the global gradient norm to config.max_grad_norm, take an optimizer step; returns the norm."""
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self._weights_changed = True
+        self.optimizer.step()
+        return norm.item()
+
+    def save_model(self, path: str | Path | None = None) -> Path:
+        """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path)."""
+        path = Path(path) if path is not None else self.output_dir / "final"
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path
+
+
+# --- GRPO -------------------------------------------------------------------------
+class GRPOTrainer(Trainer):
+    """GRPO: group-relative advantages (stage 3) and the clipped, KL-regularised loss (stage 4).
+
+    Usage::
+
+        trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, GRPOConfig.tiny_cpu())
+        history = trainer.train()
+    """
+
+    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+        config = self.config
+        grouped = group_rewards(rewards, config.num_generations)  # (B, G)
+        advantages = group_relative_advantages(
+            grouped, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
+        ).flatten()  # (N,)
+        loss_mask = rollout.completion_mask
+        if config.mask_truncated_completions:
+            loss_mask = loss_mask * (~rollout.is_truncated).unsqueeze(1)  # (N, T)
+        metrics = {"advantages/abs_mean": advantages.abs().mean().item()}
+        for _ in range(config.num_iterations):
+            metrics.update(self.update_policy(rollout, advantages, loss_mask))
+        return metrics
+
+    def update_policy(self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict:
+        """One optimisation pass over the rollout, in micro-batches with gradient accumulation."""
+        config = self.config
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        T = rollout.completion_ids.shape[1]
+        num_items_in_batch = int(loss_mask.sum())  # dapo's normaliser: tokens in the whole step
+        accumulation = config.gradient_accumulation_steps
+        totals: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in range(0, input_ids.shape[0], config.per_device_train_batch_size):
+            rows = slice(start, start + config.per_device_train_batch_size)
+            with precision_context(self.device):
+                logps, entropy = per_token_logps(
+                    self.model, input_ids[rows], attention_mask[rows], T, config.temperature, config.logprob_chunk_size
+                )
+            loss, metrics = grpo_loss(
+                logps,
+                None if rollout.old_per_token_logps is None else rollout.old_per_token_logps[rows],
+                None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[rows],
+                advantages[rows],
+                loss_mask[rows],
+                config,
+                num_items_in_batch,
+            )
+            # dapo already divides by the whole step's token count; the others average micro-batches.
+            (loss if config.loss_type == "dapo" else loss / accumulation).backward()
+            metrics.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), loss_mask[rows]).item())
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value / accumulation
+        if config.loss_type == "dapo":
+            totals["loss"] *= accumulation  # the sum of the micro-batch losses is the step's loss
+        totals["grad_norm"] = self.clip_and_step()
+        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return totals
+
+
+# --- metrics (TRL's names) ----------------------------------------------------------
+def reward_metrics(rewards_per_func: torch.Tensor, rewards: torch.Tensor, reward_funcs, num_generations: int) -> dict:
+    """reward, reward_std (mean of the group stds), rewards/<fn>/mean|std, frac_reward_zero_std."""
+    grouped = group_rewards(rewards.float(), num_generations)  # (B, G)
+    metrics = {
+        "reward": rewards.mean().item(),
+        "reward_std": grouped.std(dim=1).mean().item(),
+        "frac_reward_zero_std": zero_std_groups(grouped).float().mean().item(),
+    }
+    for f, func in enumerate(reward_funcs):
+        name = reward_func_name(func)
+        metrics[f"rewards/{name}/mean"] = rewards_per_func[:, f].nanmean().item()
+        metrics[f"rewards/{name}/std"] = _nanstd(rewards_per_func[:, f])
+    return metrics
+
+
+def completion_metrics(rollout: Rollout) -> dict:
+    """completions/mean_length, min/max_length, clipped_ratio (truncated), mean_terminated_length."""
+    lengths = rollout.completion_mask.sum(1).float()  # (N,)
+    terminated = lengths[~rollout.is_truncated]
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": rollout.is_truncated.float().mean().item(),
+        "completions/mean_terminated_length": terminated.mean().item() if terminated.numel() else 0.0,
+    }
+
+
+def _nanstd(values: torch.Tensor) -> float:
+    values = values[~values.isnan()]
+    return values.std().item() if values.numel() > 1 else 0.0
+
+
+# --- checkpoint helpers -------------------------------------------------------------
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    checkpoints = [p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()]
+    return max(checkpoints, key=_checkpoint_step) if checkpoints else None
+
+
+def _checkpoint_step(path: Path) -> int:
+    return int(path.name.rsplit("-", 1)[1])
+
+
+def _save_module(module: torch.nn.Module, folder: Path) -> None:
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(module, str(folder / "model.safetensors"))
+
+
+def _load_module(module: torch.nn.Module, folder: Path) -> None:
+    """Load every *.safetensors file of `folder` into `module`; only tied weights may be absent."""
+    state = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_file(file, device=str(next(module.parameters()).device)))
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    tied = {name for name in missing if name.endswith("lm_head.weight")}
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(
+            f"checkpoint in {folder} does not match the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,56 @@
+"""GRPOConfig: paper defaults, presets, and errors that name the value and the fix."""
+
+import pytest
+
+from minigrpo.config import GRPOConfig
+
+
+def test_paper_defaults():
+    config = GRPOConfig()
+    assert (config.beta, config.epsilon, config.num_generations) == (0.04, 0.2, 8)
+    assert (config.loss_type, config.num_iterations, config.kl_estimator) == ("grpo", 1, "k3")
+    assert (config.scale_rewards, config.std_ddof, config.clip_epsilon_high) == ("group", 1, 0.2)
+
+
+def test_presets_are_valid_and_overridable():
+    assert GRPOConfig.tiny_cpu().gradient_accumulation_steps >= 1
+    assert GRPOConfig.qwen_t4().gradient_accumulation_steps == 4
+    assert GRPOConfig.tiny_cpu(beta=0.0).beta == 0.0
+
+
+def test_num_generations_below_two():
+    with pytest.raises(ValueError, match="num_generations=1.*at least 2"):
+        GRPOConfig(num_generations=1)
+
+
+def test_micro_batches_must_divide_the_batch():
+    with pytest.raises(ValueError) as info:
+        GRPOConfig(prompts_per_step=12, num_generations=8, per_device_train_batch_size=5)
+    message = str(info.value)
+    assert "12 prompts x G=8 = 96 completions" in message
+    assert "micro-batches of per_device_train_batch_size=5" in message
+    assert "choose a divisor of 96" in message
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("loss_type", "ppo", "not one of"),
+        ("scale_rewards", True, "not one of"),
+        ("temperature", 0.0, "positive"),
+        ("beta", -0.1, ">= 0"),
+        ("epsilon", 1.5, "< 1"),
+        ("std_ddof", 2, "Bessel"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("max_completion_length", 0, "positive"),
+    ],
+)
+def test_bad_values_name_the_field(field, value, words):
+    with pytest.raises(ValueError, match=field) as info:
+        GRPOConfig(**{field: value})
+    assert words in str(info.value)
+
+
+def test_replace_validates_again():
+    with pytest.raises(ValueError, match="num_generations"):
+        GRPOConfig().replace(num_generations=0)

@@ -1,0 +1,69 @@
+"""Stage 2: calling reward functions, checking what they return, weighting."""
+
+import math
+
+import pytest
+import torch
+
+from minigrpo.rewards import RewardFunctionError, compute_rewards
+
+PROMPTS, COMPLETIONS, IDS = ["p", "p", "q", "q"], ["a", "bb", "ccc", ""], [[1], [2, 2], [3, 3, 3], []]
+
+
+def length_reward(prompts, completions, completion_ids, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def column_reward(prompts, completions, completion_ids, answer, **kwargs):
+    return [1.0 if c == a else 0.0 for c, a in zip(completions, answer, strict=False)]
+
+
+def test_weighted_sum_and_per_function_columns():
+    per_func, rewards = compute_rewards(
+        [length_reward, column_reward], PROMPTS, COMPLETIONS, IDS, {"answer": ["a", "x", "ccc", "y"]}, [0.5, 2.0]
+    )
+    assert per_func.shape == (4, 2)
+    torch.testing.assert_close(per_func[:, 0], torch.tensor([1.0, 2.0, 3.0, 0.0]))
+    torch.testing.assert_close(rewards, torch.tensor([0.5 + 2.0, 1.0, 1.5 + 2.0, 0.0]))
+
+
+def test_none_means_not_applicable():
+    def partial(prompts, completions, completion_ids, **kwargs):
+        return [None, 1.0, None, 2.0]
+
+    per_func, rewards = compute_rewards([partial, length_reward], PROMPTS, COMPLETIONS, IDS, {})
+    assert math.isnan(per_func[0, 0].item())
+    torch.testing.assert_close(rewards, torch.tensor([1.0, 3.0, 3.0, 2.0]))
+
+
+def test_a_raising_function_is_named_in_the_error():
+    def broken_reward(prompts, completions, completion_ids, **kwargs):
+        raise KeyError("solution")
+
+    with pytest.raises(RewardFunctionError, match="'broken_reward' raised KeyError") as info:
+        compute_rewards([broken_reward], PROMPTS, COMPLETIONS, IDS, {"answer": ["1"] * 4})
+    assert "['answer']" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_wrong_length_is_an_error_that_says_what_to_return():
+    def short_reward(prompts, completions, completion_ids, **kwargs):
+        return [1.0]
+
+    with pytest.raises(RewardFunctionError, match="returned 1 values for 4 completions"):
+        compute_rewards([short_reward], PROMPTS, COMPLETIONS, IDS, {})
+
+
+def test_non_numbers_are_errors():
+    def text_reward(prompts, completions, completion_ids, **kwargs):
+        return ["good"] * 4
+
+    with pytest.raises(RewardFunctionError, match="returned 'good' for completion 0"):
+        compute_rewards([text_reward], PROMPTS, COMPLETIONS, IDS, {})
+    with pytest.raises(RewardFunctionError, match="not a list"):
+        compute_rewards([lambda **kw: 3.0], PROMPTS, COMPLETIONS, IDS, {})
+
+
+def test_weights_must_match_functions():
+    with pytest.raises(ValueError, match="one per function"):
+        compute_rewards([length_reward], PROMPTS, COMPLETIONS, IDS, {}, [1.0, 2.0])

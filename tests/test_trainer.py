@@ -1,0 +1,148 @@
+"""The trainer end to end on the tiny Qwen: it learns, it logs, it checkpoints, it resumes exactly."""
+
+import json
+
+import pytest
+import torch
+
+from minigrpo import GRPOTrainer, RewardFunctionError
+from minigrpo.tasks.arithmetic import correctness_reward, format_reward
+from minigrpo.trainer import PromptSampler, latest_checkpoint
+
+
+def weights(model):
+    return {name: p.detach().clone() for name, p in model.state_dict().items()}
+
+
+def test_short_run_changes_parameters_and_raises_reward(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    before = weights(model)
+    config = small_config.replace(max_steps=12, prompts_per_step=8, per_device_train_batch_size=16, save_steps=0)
+    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    history = trainer.train()
+    changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
+    assert len(changed) == len(list(model.parameters()))  # every parameter moved
+    first, last = history[:4], history[-4:]
+    mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
+    assert mean(last) > mean(first) + 0.05, [round(r["reward"], 3) for r in history]
+
+
+def test_metrics_file_uses_trl_names(tiny, train_dataset, eval_dataset, small_config):
+    model, tokenizer = tiny
+    config = small_config.replace(max_steps=2, eval_steps=2, save_steps=0)
+    GRPOTrainer(model, tokenizer, [correctness_reward, format_reward], train_dataset, config, eval_dataset).train()
+    rows = [json.loads(line) for line in open(f"{config.output_dir}/metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in (
+        "reward", "reward_std", "rewards/correctness_reward/mean", "rewards/format_reward/mean",
+        "frac_reward_zero_std", "kl", "entropy", "clip_ratio/region_mean", "completions/mean_length",
+        "completions/clipped_ratio", "grad_norm", "loss", "step_time", "time/rollout", "time/update",
+    ):  # fmt: skip
+        assert key in rows[0], key
+    assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0
+    assert "eval/accuracy" not in rows[0]
+
+
+def test_loss_is_about_zero_on_policy_but_gradient_is_not(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    config = small_config.replace(max_steps=1, beta=0.0, save_steps=0)
+    history = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config).train()
+    assert abs(history[0]["loss"]) < 1e-6
+    if history[0]["frac_reward_zero_std"] < 1:
+        assert history[0]["grad_norm"] > 0
+
+
+def test_interrupted_run_resumes_to_identical_weights(tiny, train_dataset, small_config, tmp_path):
+    model, tokenizer = tiny
+    initial = weights(model)
+    config = small_config.replace(max_steps=4, save_steps=2, beta=0.04)
+
+    uninterrupted = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    uninterrupted.train()
+    expected = weights(model)
+
+    calls = {"n": 0}
+
+    def flaky_reward(prompts, completions, completion_ids, **columns):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third step dies (say, a Colab disconnect)
+            raise KeyboardInterrupt
+        return correctness_reward(prompts, completions, completion_ids, **columns)
+
+    flaky_reward.__name__ = "correctness_reward"
+    model.load_state_dict(initial)
+    interrupted_config = config.replace(output_dir=str(tmp_path / "interrupted"))
+    with pytest.raises(KeyboardInterrupt):
+        GRPOTrainer(model, tokenizer, [flaky_reward], train_dataset, interrupted_config).train()
+    assert latest_checkpoint(interrupted_config.output_dir).name == "checkpoint-2"
+
+    model.load_state_dict(initial)  # a fresh process: the weights must come from the checkpoint
+    resumed = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, interrupted_config)
+    history = resumed.train(resume_from_checkpoint=True)
+    for name, value in weights(model).items():
+        torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
+    assert [m["step"] for m in history] == [1, 2, 3, 4]
+    lines = open(f"{interrupted_config.output_dir}/metrics.jsonl").read().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]
+
+
+def test_failing_reward_function_saves_progress_and_names_itself(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    calls = {"n": 0}
+
+    def wrong_length_reward(prompts, completions, completion_ids, **columns):
+        calls["n"] += 1
+        return [0.0] * (len(completions) if calls["n"] < 2 else 3)
+
+    trainer = GRPOTrainer(model, tokenizer, [wrong_length_reward], train_dataset, small_config)
+    with pytest.raises(RewardFunctionError, match="'wrong_length_reward' returned 3 values for 16 completions"):
+        trainer.train()
+    assert latest_checkpoint(small_config.output_dir).name == "checkpoint-1"
+
+
+def test_dataset_without_prompt_column(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    renamed = train_dataset.rename_column("prompt", "messages")
+    with pytest.raises(ValueError, match="no 'prompt' column: rename"):
+        GRPOTrainer(model, tokenizer, [correctness_reward], renamed, small_config)
+
+
+def test_lengths_that_cannot_fit(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match="max_prompt_length=20: raise max_prompt_length to at least"):
+        GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(max_prompt_length=20))
+    too_long = small_config.replace(max_completion_length=10_000)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, too_long)
+
+
+def test_beta_zero_loads_no_reference_model(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(beta=0.0))
+    assert trainer.ref_model is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"loss_type": "dapo", "epsilon_high": 0.28, "mask_truncated_completions": True},
+        {"loss_type": "dr_grpo", "scale_rewards": "none"},
+        {"loss_type": "bnpo", "importance_sampling_level": "sequence", "num_iterations": 2},
+        {"baseline": "rloo", "scale_rewards": "batch", "num_generations": 2, "kl_estimator": "k1"},
+    ],
+)
+def test_variants_run(tiny, train_dataset, small_config, changes):
+    model, tokenizer = tiny
+    config = small_config.replace(max_steps=1, save_steps=0, **changes)
+    history = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config).train()
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in history[0].items() if isinstance(v, float))
+
+
+def test_prompt_sampler_covers_each_epoch_once_and_resumes():
+    sampler = PromptSampler(10, seed=0)
+    epoch = sampler.next_indices(4) + sampler.next_indices(4) + sampler.next_indices(2)
+    assert sorted(epoch) == list(range(10))
+    state = sampler.state_dict()
+    ahead = sampler.next_indices(7)
+    sampler.load_state_dict(state)
+    assert sampler.next_indices(7) == ahead
