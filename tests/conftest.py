@@ -5,6 +5,7 @@ import os
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may download
+os.environ.setdefault("MINIGRPO_QUICK", "1")  # notebooks run by nbval (kernels inherit this) use short runs
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 from minigrpo import GRPOConfig, load_model_and_tokenizer, make_arithmetic_dataset  # noqa: E402
