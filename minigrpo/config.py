@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LR_SCHEDULERS = ("constant", "linear")
 SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -92,7 +93,9 @@ class GRPOConfig:
     adam_beta2: float = 0.99
     """AdamW betas (DeepSeekMath uses 0.9 / 0.95; TRL 0.9 / 0.999)."""
     warmup_steps: int = 0
-    """Linear warm-up steps of the learning rate (then constant)."""
+    """Linear warm-up steps of the learning rate."""
+    lr_scheduler_type: Literal["constant", "linear"] = "constant"
+    """After warm-up: 'constant' (DeepSeekMath) or 'linear' decay to 0 at max_steps (TRL's default)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     max_steps: int = 100
@@ -141,6 +144,7 @@ class GRPOConfig:
     def validate(self) -> None:
         """Fail at once, with one message that names the value and what to change."""
         _check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         _check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         _check_choice("baseline", self.baseline, BASELINES)
         _check_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)

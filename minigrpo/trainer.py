@@ -135,15 +135,21 @@ class Trainer:
             betas=(self.config.adam_beta1, self.config.adam_beta2),
             weight_decay=self.config.weight_decay,
         )
-        warmup = self.config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.sampler = PromptSampler(len(train_dataset), self.config.seed)
         self.step = 0
         self.history: list[dict] = []
         self._weights_changed = False  # has the current step called optimizer.step() yet?
         self.output_dir = Path(self.config.output_dir)
+
+    def _lr_factor(self, step: int) -> float:
+        """Learning-rate multiplier at optimizer step `step`: linear warm-up, then constant or linear decay."""
+        config = self.config
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.lr_scheduler_type == "linear":
+            return max(0.0, (config.max_steps - step) / max(1, config.max_steps - config.warmup_steps))
+        return 1.0
 
     # --- checks that fail at once ---------------------------------------------------
     def _check_inputs(self) -> None:

@@ -146,3 +146,12 @@ def test_prompt_sampler_covers_each_epoch_once_and_resumes():
     ahead = sampler.next_indices(7)
     sampler.load_state_dict(state)
     assert sampler.next_indices(7) == ahead
+
+
+def test_learning_rate_schedule(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    config = small_config.replace(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
+    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    assert [trainer._lr_factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    constant = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
+    assert {constant._lr_factor(s) for s in range(10)} == {1.0}
