@@ -1,0 +1,341 @@
+"""Figures for the course: plain matplotlib, readable in a static render (GitHub, nbval) as well as live.
+
+Each ``plot_*`` function returns a ``matplotlib.figure.Figure`` and never calls
+``plt.show()``: a notebook displays the figure it gets back. The numbers a
+figure shows come from the package's own functions (advantages, clipped
+surrogate, KL estimators), so a picture can never disagree with the code
+that trains the model. The ``*_curves`` / ``kl_*`` helpers return those
+numbers as plain tensors; the widgets and the tests use them too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+
+from minigrpo.advantages import group_relative_advantages
+from minigrpo.losses import clipped_surrogate, kl_penalty
+
+DEFAULT_CURVE_KEYS = (
+    "reward",
+    "eval/accuracy",
+    "kl",
+    "entropy",
+    "clip_ratio/region_mean",
+    "completions/mean_length",
+    "frac_reward_zero_std",
+)
+POSITIVE, NEGATIVE, NEUTRAL = "tab:green", "tab:red", "tab:gray"
+ALGORITHM_COLORS = {"grpo": "tab:blue", "ppo": "tab:orange"}
+
+
+# --- training curves ----------------------------------------------------------------
+def load_history(history: Sequence[dict] | str | Path) -> list[dict]:
+    """A metric history: a list of dicts (trainer.train()'s return) or the path of a metrics.jsonl."""
+    if isinstance(history, str | Path):
+        lines = Path(history).read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+    return list(history)
+
+
+def metric_series(history: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of one metric, only at the steps that logged it (eval/accuracy is sparse)."""
+    steps, values = [], []
+    for index, record in enumerate(history):
+        value = record.get(key)
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        steps.append(record.get("step", index + 1))
+        values.append(float(value))
+    return steps, values
+
+
+def plot_training_curves(
+    history: Sequence[dict] | str | Path, keys: Sequence[str] | None = None, title: str | None = None
+) -> Figure:
+    """One small panel per metric against the training step; metrics absent from the history are skipped.
+
+    history: trainer.train()'s list of metric dicts, or a path to <output_dir>/metrics.jsonl.
+    keys: metric names (TRL's); default DEFAULT_CURVE_KEYS.
+    """
+    history = load_history(history)
+    series = {key: metric_series(history, key) for key in (keys or DEFAULT_CURVE_KEYS)}
+    series = {key: xy for key, xy in series.items() if xy[0]}
+    ncols = min(3, max(1, len(series)))
+    nrows = max(1, math.ceil(len(series) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.8 * nrows), squeeze=False)
+    for ax, (key, (steps, values)) in zip(axes.flat, series.items(), strict=False):
+        sparse = len(steps) < max(2, len(history) // 2)  # eval/accuracy: a few points, show them
+        ax.plot(steps, values, marker="o" if sparse or len(steps) < 20 else None, markersize=4)
+        ax.set_title(key, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(series) :]:
+        ax.set_visible(False)
+    if not series:
+        axes[0, 0].set_visible(True)
+        axes[0, 0].text(0.5, 0.5, "no metrics to plot", ha="center", va="center")
+        axes[0, 0].set_axis_off()
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# --- advantages ---------------------------------------------------------------------
+def plot_group_advantages(
+    rewards,
+    advantages=None,
+    labels: Sequence[str] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Bars of the advantage of each completion, one panel per group; each bar is labelled with its reward.
+
+    rewards: (G,) one group or (B, G) several (list or tensor).
+    advantages: same shape; default group_relative_advantages(rewards) with the paper's settings.
+    labels: G names for the completions (default o_1 .. o_G).
+    """
+    grouped = torch.as_tensor(rewards, dtype=torch.float32)
+    grouped = grouped.unsqueeze(0) if grouped.dim() == 1 else grouped  # (B, G)
+    assert grouped.dim() == 2, f"rewards must be (G,) or (B, G), got {tuple(grouped.shape)}"
+    if advantages is None:
+        advantages = group_relative_advantages(grouped)
+    advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(grouped.shape)  # (B, G)
+    B, G = grouped.shape
+    labels = list(labels) if labels is not None else [f"o{g + 1}" for g in range(G)]
+    assert len(labels) == G, f"{len(labels)} labels for groups of G={G}"
+    fig, axes = plt.subplots(B, 1, figsize=(max(5.0, 0.75 * G + 1.5), 2.6 * B), squeeze=False)
+    limit = max(1.0, advantages.abs().max().item() * 1.25)
+    for b, ax in enumerate(axes[:, 0]):
+        values = advantages[b].tolist()
+        colors = [POSITIVE if a > 0 else NEGATIVE if a < 0 else NEUTRAL for a in values]
+        bars = ax.bar(range(G), values, color=colors)
+        for bar, reward in zip(bars, grouped[b].tolist(), strict=True):
+            y = bar.get_height()
+            ax.annotate(
+                f"r={reward:g}",
+                (bar.get_x() + bar.get_width() / 2, y),
+                xytext=(0, 3 if y >= 0 else -3),
+                textcoords="offset points",
+                ha="center",
+                va="bottom" if y >= 0 else "top",
+                fontsize=8,
+            )
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(G), labels, fontsize=8)
+        ax.set_ylim(-limit, limit)
+        ax.set_ylabel("advantage A")
+        ax.set_title(f"group {b}: mean reward {grouped[b].mean().item():.3f}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# --- the clipped objective ----------------------------------------------------------
+def clipped_objective_curves(
+    ratio: torch.Tensor, advantage: float, epsilon: float = 0.2, epsilon_high: float | None = None
+) -> dict[str, torch.Tensor]:
+    """rho * A and the clipped surrogate along a grid of ratios, for one advantage value.
+
+    ratio: (R,) -> each value (R,). "no_gradient" is True where the clip makes the
+    surrogate flat in rho (the gradient is switched off).
+    """
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = ratio.detach().clone().requires_grad_(True)  # (R,)
+    advantages = torch.full(ratio.shape, float(advantage), dtype=ratio.dtype)  # (R,): one "completion" per ratio
+    surrogate = clipped_surrogate(ratio.unsqueeze(1), advantages, epsilon, epsilon_high).squeeze(1)  # (R,)
+    (gradient,) = torch.autograd.grad(surrogate.sum(), ratio)
+    return {
+        "ratio": ratio.detach(),
+        "unclipped": ratio.detach() * advantage,
+        "clipped": surrogate.detach(),
+        "no_gradient": gradient == 0,
+    }
+
+
+def plot_clipped_objective(
+    epsilon: float = 0.2, epsilon_high: float | None = None, advantages: Sequence[float] = (1.0, -1.0)
+) -> Figure:
+    """min(rho A, clip(rho, 1 - eps, 1 + eps_high) A) against rho, one panel per advantage sign.
+
+    The shaded band is the clip range [1 - eps, 1 + eps_high]; red marks where the clip
+    makes the objective flat, i.e. where the token gets no gradient.
+    """
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = torch.linspace(0.0, 2.0, 401)
+    fig, axes = plt.subplots(1, len(advantages), figsize=(5.0 * len(advantages), 3.6), squeeze=False)
+    for ax, advantage in zip(axes[0], advantages, strict=True):
+        curves = clipped_objective_curves(ratio, advantage, epsilon, epsilon_high)
+        ax.axvspan(1 - epsilon, 1 + epsilon_high, color="tab:blue", alpha=0.12, label="clip range")
+        ax.plot(ratio, curves["unclipped"], "--", color=NEUTRAL, label=r"$\rho A$ (unclipped)")
+        ax.plot(ratio, curves["clipped"], color="tab:blue", linewidth=2, label="clipped surrogate")
+        flat = curves["clipped"].masked_fill(~curves["no_gradient"], float("nan"))
+        ax.plot(ratio, flat, color=NEGATIVE, linewidth=3, label="flat: no gradient")
+        ax.axvline(1.0, color="black", linewidth=0.6)
+        ax.set_xlabel(r"ratio $\rho = \pi_\theta / \pi_{old}$")
+        ax.set_ylabel("objective (maximised)")
+        sign = "> 0" if advantage > 0 else "< 0"
+        ax.set_title(f"A = {advantage:g} (A {sign}), eps = {epsilon:g}, eps_high = {epsilon_high:g}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left" if advantage > 0 else "lower left")
+    fig.tight_layout()
+    return fig
+
+
+# --- KL estimators ------------------------------------------------------------------
+def kl_estimator_curves(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """k1, k2, k3 per token as functions of log r = log(pi_ref / pi_theta). (R,) -> each (R,)."""
+    log_ratio = log_ratio.reshape(1, -1)  # (1, R): one "completion" of R tokens
+    zeros = torch.zeros_like(log_ratio)  # log pi_theta; then log pi_ref = log r
+    return {name: kl_penalty(zeros, log_ratio, name).squeeze(0) for name in ("k1", "k2", "k3")}
+
+
+def kl_estimates(probs, ref_probs, num_samples: int = 0, seed: int = 0) -> dict[str, float]:
+    """Exact KL(pi_theta || pi_ref) of two small distributions, and what each estimator gives.
+
+    probs, ref_probs: (V,) probabilities. "exact" = sum_v p log(p / q). "<k>_expected"
+    is E_{x ~ pi_theta}[k(x)], computed exactly (k1 and k3 are unbiased: they equal
+    "exact"; k2 is not). With num_samples > 0, "<k>_mean" / "<k>_std" are the mean and
+    std of the per-token values over that many samples from pi_theta.
+    """
+    p = torch.as_tensor(probs, dtype=torch.float64)
+    q = torch.as_tensor(ref_probs, dtype=torch.float64)
+    assert p.shape == q.shape and p.dim() == 1, "probs and ref_probs must both be (V,)"
+    logp, logq = p.log().unsqueeze(0), q.log().unsqueeze(0)  # (1, V)
+    result = {"exact": float((p * (p.log() - q.log())).sum())}
+    for name in ("k1", "k2", "k3"):
+        per_token = kl_penalty(logp, logq, name).squeeze(0)  # (V,): the estimator's value at each outcome
+        result[f"{name}_expected"] = float((p * per_token).sum())
+        if num_samples > 0:
+            generator = torch.Generator().manual_seed(seed)
+            samples = torch.multinomial(p, num_samples, replacement=True, generator=generator)  # (S,)
+            values = per_token[samples]
+            result[f"{name}_mean"] = float(values.mean())
+            result[f"{name}_std"] = float(values.std())
+    return result
+
+
+def shifted_distributions(shift: float, V: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reference pi_ref (fixed) and a policy pi_theta whose logits moved by `shift` toward the last outcome.
+
+    Returns (probs, ref_probs), each (V,). shift = 0 gives pi_theta == pi_ref (KL 0).
+    """
+    ref_logits = torch.linspace(1.0, -1.0, V, dtype=torch.float64)  # (V,)
+    logits = ref_logits + shift * torch.linspace(-1.0, 1.0, V, dtype=torch.float64)  # (V,)
+    return logits.softmax(0), ref_logits.softmax(0)
+
+
+def plot_kl_estimators(
+    log_ratio_max: float = 2.0, shifts: Sequence[float] | None = None, num_samples: int = 0
+) -> Figure:
+    """Left: k1, k2, k3 per token against log(pi_ref / pi_theta). Right: their expectations under
+    pi_theta against the exact KL, for a policy drifting away from a fixed reference
+    (shifted_distributions); k1 and k3 lie on the exact line, k2 does not.
+    """
+    shifts = list(shifts) if shifts is not None else torch.linspace(0.0, 3.0, 31).tolist()
+    log_ratio = torch.linspace(-log_ratio_max, log_ratio_max, 201)
+    curves = kl_estimator_curves(log_ratio)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    styles = {"k1": ("tab:gray", "--"), "k2": ("tab:orange", "-."), "k3": ("tab:blue", "-")}
+    for name, values in curves.items():
+        color, line = styles[name]
+        left.plot(log_ratio, values, line, color=color, label=name)
+    left.axhline(0.0, color="black", linewidth=0.6)
+    left.set_xlabel(r"$\log r = \log \pi_{ref} / \pi_\theta$ (one token)")
+    left.set_ylabel("per-token KL estimate")
+    left.set_title("k1 can be negative; k2 and k3 never are", fontsize=10)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    table = [kl_estimates(*shifted_distributions(s), num_samples=num_samples) for s in shifts]
+    exact = [row["exact"] for row in table]
+    right.plot(exact, exact, color="black", linewidth=1, label="exact KL")
+    for name in ("k1", "k2", "k3"):
+        color, line = styles[name]
+        right.plot(exact, [row[f"{name}_expected"] for row in table], line, color=color, label=f"E[{name}]")
+    right.set_xlabel(r"exact KL($\pi_\theta \| \pi_{ref}$)")
+    right.set_ylabel("expected estimate")
+    right.set_title("k1 and k3 are unbiased; k2 is not", fontsize=10)
+    right.legend(fontsize=8)
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+# --- PPO vs GRPO --------------------------------------------------------------------
+def plot_parameter_counts(params: dict[str, dict[str, dict[str, int]]], ax=None) -> Figure:
+    """Stacked bars trainable / frozen, one bar per model of each algorithm.
+
+    params: {"grpo": {"policy": {"trainable": int, "frozen": int}, "reference": {...}}, "ppo": {...}}.
+    """
+    fig = ax.figure if ax is not None else plt.figure(figsize=(6.0, 3.6))
+    ax = ax if ax is not None else fig.add_subplot()
+    names, trainable, frozen, colors = [], [], [], []
+    for algorithm, models in params.items():
+        for model, counts in models.items():
+            names.append(f"{algorithm}\n{model}")
+            trainable.append(counts.get("trainable", 0) / 1e6)
+            frozen.append(counts.get("frozen", 0) / 1e6)
+            colors.append(ALGORITHM_COLORS.get(algorithm, NEUTRAL))
+    x = range(len(names))
+    ax.bar(x, trainable, color=colors, label="trainable")
+    ax.bar(x, frozen, bottom=trainable, color=colors, alpha=0.35, hatch="//", label="frozen")
+    ax.set_xticks(list(x), names, fontsize=8)
+    ax.set_ylabel("parameters (millions)")
+    ax.set_title("parameters held, per model", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig
+
+
+def plot_ppo_vs_grpo(results: dict) -> Figure:
+    """The PPO-vs-GRPO comparison: parameters per model, peak memory, seconds per step (rollout /
+    scoring / update), and reward and held-out accuracy against the number of generated completions.
+
+    results: {"device", "model", "algorithms": {name: {"params", "peak_memory_bytes",
+    "seconds_per_step": {"rollout", "scoring", "update"}, "curve": {"completions", "reward",
+    "eval/accuracy"}}}} (the benchmark's schema; eval/accuracy entries may be None).
+    """
+    algorithms = results["algorithms"]
+    names = list(algorithms)
+    colors = [ALGORITHM_COLORS.get(name, NEUTRAL) for name in names]
+    fig, axes = plt.subplot_mosaic(
+        [["params", "params", "memory", "time", "time", "time"], ["reward"] * 3 + ["accuracy"] * 3],
+        figsize=(13.0, 7.0),
+    )
+    plot_parameter_counts({name: algorithms[name]["params"] for name in names}, ax=axes["params"])
+
+    memory = [algorithms[name]["peak_memory_bytes"] / 2**20 for name in names]
+    axes["memory"].bar(names, memory, color=colors)
+    axes["memory"].set_ylabel("MiB")
+    axes["memory"].set_title("peak memory", fontsize=10)
+
+    bottom = [0.0] * len(names)
+    for phase, alpha in (("rollout", 1.0), ("scoring", 0.6), ("update", 0.3)):
+        seconds = [algorithms[name]["seconds_per_step"][phase] for name in names]
+        axes["time"].bar(names, seconds, bottom=bottom, color=colors, alpha=alpha, edgecolor="black", label=phase)
+        bottom = [b + s for b, s in zip(bottom, seconds, strict=True)]
+    axes["time"].set_ylabel("seconds per step")
+    axes["time"].set_title("time per step: rollout / scoring / update (dark to light)", fontsize=10)
+    axes["time"].legend(fontsize=8)
+
+    for key, panel in (("reward", "reward"), ("eval/accuracy", "accuracy")):
+        ax = axes[panel]
+        for name, color in zip(names, colors, strict=True):
+            curve = algorithms[name]["curve"]
+            points = [(c, v) for c, v in zip(curve["completions"], curve[key], strict=True) if v is not None]
+            ax.plot([c for c, _ in points], [v for _, v in points], marker="o", markersize=3, color=color, label=name)
+        ax.set_xlabel("completions generated")
+        ax.set_title("training reward" if key == "reward" else "held-out accuracy (greedy)", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"PPO vs GRPO: model {results.get('model', '?')} on {results.get('device', '?')}")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,213 @@
+"""minigrpo.plots: each figure shows the package's numbers (read back from the artists), hand-checked."""
+
+import json
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from minigrpo.advantages import group_relative_advantages  # noqa: E402
+from minigrpo.losses import clipped_surrogate  # noqa: E402
+from minigrpo.plots import (  # noqa: E402
+    DEFAULT_CURVE_KEYS,
+    clipped_objective_curves,
+    kl_estimates,
+    kl_estimator_curves,
+    load_history,
+    metric_series,
+    plot_clipped_objective,
+    plot_group_advantages,
+    plot_kl_estimators,
+    plot_ppo_vs_grpo,
+    plot_training_curves,
+    shifted_distributions,
+)
+
+WORKED = [2.0, 1.0, 0.0, 2.0, 0.0, 1.0, 0.0, 1.0]
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def visible_axes(fig):
+    return [ax for ax in fig.axes if ax.get_visible()]
+
+
+# --- training curves ----------------------------------------------------------------------
+HISTORY = [
+    {"step": 1, "reward": 0.5, "kl": 0.0, "entropy": 1.5, "loss": 0.0},
+    {"step": 2, "reward": 0.6, "kl": 0.01, "entropy": 1.4, "loss": 0.1, "eval/accuracy": 0.4},
+    {"step": 3, "reward": 0.8, "kl": 0.02, "entropy": 1.2, "loss": 0.2},
+    {"step": 4, "reward": 0.9, "kl": 0.03, "entropy": 1.1, "loss": 0.3, "eval/accuracy": 0.7},
+]
+
+
+def test_training_curves_plot_the_logged_values_and_skip_absent_keys():
+    fig = plot_training_curves(HISTORY, title="run")
+    axes = {ax.get_title(): ax for ax in visible_axes(fig)}
+    assert set(axes) == {"reward", "eval/accuracy", "kl", "entropy"}  # clip ratio, lengths... are absent
+    x, y = axes["reward"].lines[0].get_data()
+    assert list(x) == [1, 2, 3, 4] and list(y) == pytest.approx([0.5, 0.6, 0.8, 0.9], abs=1e-12)
+    x, y = axes["eval/accuracy"].lines[0].get_data()
+    assert list(x) == [2, 4] and list(y) == pytest.approx([0.4, 0.7], abs=1e-12)  # only where it was logged
+    assert fig._suptitle.get_text() == "run"
+
+
+def test_training_curves_read_metrics_jsonl_and_custom_keys(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in HISTORY))
+    assert load_history(path) == HISTORY
+    fig = plot_training_curves(str(path), keys=["loss", "not_logged"])
+    (ax,) = visible_axes(fig)
+    assert ax.get_title() == "loss"
+    assert list(ax.lines[0].get_ydata()) == pytest.approx([0.0, 0.1, 0.2, 0.3], abs=1e-12)
+
+
+def test_metric_series_uses_the_index_when_there_is_no_step_and_skips_nan():
+    steps, values = metric_series([{"kl": 1.0}, {"kl": math.nan}, {"kl": 3.0}], "kl")
+    assert steps == [1, 3] and values == [1.0, 3.0]
+    assert "frac_reward_zero_std" in DEFAULT_CURVE_KEYS and DEFAULT_CURVE_KEYS[0] == "reward"
+
+
+def test_training_curves_with_no_known_metric_still_make_a_figure():
+    fig = plot_training_curves([{"step": 1}])
+    assert fig.axes[0].texts[0].get_text() == "no metrics to plot"
+
+
+# --- advantages ---------------------------------------------------------------------------
+def test_group_advantages_bars_are_the_package_advantages_of_the_worked_example():
+    fig = plot_group_advantages(WORKED)
+    (ax,) = fig.axes
+    heights = [bar.get_height() for bar in ax.patches]
+    assert heights[0] == pytest.approx(1.347914, abs=1e-5)
+    assert heights[1] == pytest.approx(0.149768, abs=1e-5)
+    assert heights[2] == pytest.approx(-1.048378, abs=1e-5)
+    assert [t.get_text() for t in ax.texts] == [f"r={r:g}" for r in WORKED]
+    assert "0.875" in ax.get_title()
+
+
+def test_group_advantages_several_groups_given_advantages_and_labels():
+    rewards = torch.tensor([WORKED, [1.0] * 8])  # (2, 8)
+    expected = group_relative_advantages(rewards, scale_rewards="none")
+    fig = plot_group_advantages(rewards, expected, labels=list("abcdefgh"), title="two groups")
+    assert len(fig.axes) == 2
+    for ax, row in zip(fig.axes, expected, strict=True):
+        assert [bar.get_height() for bar in ax.patches] == pytest.approx(row.tolist(), abs=1e-6)
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == list("abcdefgh")
+    assert all(bar.get_height() == 0.0 for bar in fig.axes[1].patches)  # a constant group: zero, not NaN
+
+
+# --- clipping -----------------------------------------------------------------------------
+def test_clipped_objective_curves_match_clipped_surrogate_and_flag_the_flat_part():
+    ratio = torch.tensor([0.5, 0.9, 1.0, 1.1, 1.5])
+    up = clipped_objective_curves(ratio, 1.0, epsilon=0.2)
+    assert up["clipped"].tolist() == pytest.approx([0.5, 0.9, 1.0, 1.1, 1.2], abs=1e-6)
+    assert up["no_gradient"].tolist() == [False, False, False, False, True]
+    down = clipped_objective_curves(ratio, -1.0, epsilon=0.2, epsilon_high=0.28)
+    assert down["clipped"].tolist() == pytest.approx([-0.8, -0.9, -1.0, -1.1, -1.5], abs=1e-6)
+    assert down["no_gradient"].tolist() == [True, False, False, False, False]
+
+
+def test_plot_clipped_objective_lines_are_the_package_surrogate():
+    fig = plot_clipped_objective(epsilon=0.2, epsilon_high=0.28)
+    assert len(fig.axes) == 2
+    positive, negative = fig.axes
+    ratio, clipped = positive.lines[1].get_data()
+    expected = clipped_surrogate(torch.as_tensor(ratio).unsqueeze(1), torch.ones(len(ratio)), 0.2, 0.28).squeeze(1)
+    assert list(clipped) == pytest.approx(expected.tolist(), abs=1e-6)
+    assert max(clipped) == pytest.approx(1.28, abs=1e-6)  # clip-higher: the A > 0 side stops at 1 + eps_high
+    assert min(negative.lines[1].get_ydata()) == pytest.approx(-2.0, abs=1e-6)  # A < 0 is not clipped above
+    band = positive.patches[0]  # the shaded clip range
+    assert band.get_x() == pytest.approx(0.8) and band.get_x() + band.get_width() == pytest.approx(1.28)
+
+
+# --- KL -------------------------------------------------------------------------------------
+def test_kl_estimator_curves_hand_values():
+    curves = kl_estimator_curves(torch.tensor([0.5, 0.0, -0.5]))
+    assert curves["k1"].tolist() == pytest.approx([-0.5, 0.0, 0.5], abs=1e-6)
+    assert curves["k2"].tolist() == pytest.approx([0.125, 0.0, 0.125], abs=1e-6)
+    assert curves["k3"].tolist() == pytest.approx([math.exp(0.5) - 1.5, 0.0, math.exp(-0.5) - 0.5], abs=1e-6)
+
+
+def test_kl_estimates_k1_and_k3_are_unbiased_on_a_small_distribution():
+    p, q = [0.5, 0.3, 0.2], [0.4, 0.4, 0.2]
+    exact = 0.5 * math.log(0.5 / 0.4) + 0.3 * math.log(0.3 / 0.4)  # 0.025267
+    result = kl_estimates(p, q, num_samples=20000, seed=0)
+    assert result["exact"] == pytest.approx(exact, abs=1e-12)
+    assert result["k1_expected"] == pytest.approx(exact, abs=1e-12)
+    assert result["k3_expected"] == pytest.approx(exact, abs=1e-12)
+    k2 = 0.5 * (0.5 * math.log(0.8) ** 2 + 0.3 * math.log(4 / 3) ** 2)
+    assert result["k2_expected"] == pytest.approx(k2, abs=1e-12) and abs(k2 - exact) > 1e-4
+    assert result["k3_mean"] == pytest.approx(exact, abs=0.003)  # 20000 samples
+    assert result["k3_std"] < result["k1_std"]  # the point of k3: lower variance
+
+
+def test_plot_kl_estimators_right_panel_uses_the_expectations():
+    fig = plot_kl_estimators(shifts=[0.0, 1.0, 2.0])
+    left, right = fig.axes
+    assert [line.get_label() for line in left.lines[:3]] == ["k1", "k2", "k3"]
+    exact_x, exact_y = right.lines[0].get_data()
+    k3_x, k3_y = right.lines[3].get_data()
+    assert list(k3_y) == pytest.approx(list(exact_y), abs=1e-12)
+    expected = [kl_estimates(*shifted_distributions(s))["exact"] for s in (0.0, 1.0, 2.0)]
+    assert list(exact_x) == pytest.approx(expected, abs=1e-12) and expected[0] == pytest.approx(0.0, abs=1e-12)
+
+
+# --- PPO vs GRPO --------------------------------------------------------------------------
+RESULTS = {
+    "device": "cpu",
+    "model": "tiny",
+    "algorithms": {
+        "grpo": {
+            "params": {"policy": {"trainable": 250_000, "frozen": 0}, "reference": {"trainable": 0, "frozen": 250_000}},
+            "peak_memory_bytes": 100 * 2**20,
+            "seconds_per_step": {"rollout": 0.5, "scoring": 0.1, "update": 0.2},
+            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.4, 0.5], "eval/accuracy": [0.4, None, 0.6]},
+        },
+        "ppo": {
+            "params": {
+                "policy": {"trainable": 250_000, "frozen": 0},
+                "reference": {"trainable": 0, "frozen": 250_000},
+                "critic": {"trainable": 240_000, "frozen": 0},
+            },
+            "peak_memory_bytes": 150 * 2**20,
+            "seconds_per_step": {"rollout": 0.5, "scoring": 0.1, "update": 0.4},
+            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.35, 0.45], "eval/accuracy": [0.4, None, 0.5]},
+        },
+    },
+}
+
+
+def test_plot_ppo_vs_grpo_panels_show_the_results():
+    fig = plot_ppo_vs_grpo(RESULTS)
+    titles = {ax.get_title(): ax for ax in fig.axes}
+    params = titles["parameters held, per model"]
+    assert [t.get_text() for t in params.get_xticklabels()] == [
+        "grpo\npolicy",
+        "grpo\nreference",
+        "ppo\npolicy",
+        "ppo\nreference",
+        "ppo\ncritic",
+    ]
+    heights = [bar.get_height() for bar in params.patches]  # 5 trainable bars, then 5 frozen bars (millions)
+    assert heights == pytest.approx([0.25, 0.0, 0.25, 0.0, 0.24, 0.0, 0.25, 0.0, 0.25, 0.0], abs=1e-12)
+    memory = titles["peak memory"]
+    assert [bar.get_height() for bar in memory.patches] == pytest.approx([100.0, 150.0])
+    time = next(ax for title, ax in titles.items() if title.startswith("time per step"))
+    tops = [bar.get_y() + bar.get_height() for bar in time.patches[-2:]]  # the update bars sit on top
+    assert tops == pytest.approx([0.8, 1.0])
+    accuracy = titles["held-out accuracy (greedy)"]
+    x, y = accuracy.lines[0].get_data()
+    assert list(x) == [128, 384] and list(y) == pytest.approx([0.4, 0.6])  # None points are skipped
+    reward = titles["training reward"]
+    assert [line.get_label() for line in reward.lines] == ["grpo", "ppo"]
+    assert list(reward.lines[1].get_ydata()) == pytest.approx([0.3, 0.35, 0.45])
+    assert "tiny" in fig._suptitle.get_text() and "cpu" in fig._suptitle.get_text()
