@@ -1,0 +1,133 @@
+"""Stamp every course notebook with its "Open in Colab" badge and the Colab-only install cell.
+
+    python scripts/stamp_colab.py            # notebooks/, solutions/, exercises/ (idempotent)
+    python scripts/stamp_colab.py --check    # exit 1 if a notebook is not stamped as it should be
+    python scripts/stamp_colab.py notebooks/00_tour_and_setup.ipynb
+
+The repository URL lives in one place, minigrpo.course.REPOSITORY_URL (and the
+install command in minigrpo.course.COLAB_INSTALL); this script writes them into
+the notebooks, so changing the URL is: edit course.py, run this script.
+
+The badge is the first cell (a markdown cell with id "colab-badge"); the install
+cell (id "colab-install") goes just before the notebook's first code cell. A
+stamped cell is found again by its id, and rewritten only when its text differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("notebooks", "solutions", "exercises")
+BADGE_ID, INSTALL_ID = "colab-badge", "colab-install"
+BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+
+
+def course_constants() -> tuple[str, str]:
+    """(REPOSITORY_URL, COLAB_INSTALL) from minigrpo.course, the one place they are written."""
+    sys.path.insert(0, str(ROOT))
+    from minigrpo.course import COLAB_INSTALL, REPOSITORY_URL
+
+    return REPOSITORY_URL, COLAB_INSTALL
+
+
+def colab_url(repository_url: str, relative_path: str, branch: str = "main") -> str:
+    """https://github.com/OWNER/REPO + notebooks/x.ipynb -> the Colab URL that opens it from GitHub."""
+    prefix = "https://github.com/"
+    if not repository_url.startswith(prefix):
+        raise ValueError(f"REPOSITORY_URL={repository_url!r} must start with {prefix}: Colab opens notebooks from GitHub.")
+    repository = repository_url.removeprefix(prefix).removesuffix(".git").strip("/")
+    return f"https://colab.research.google.com/github/{repository}/blob/{branch}/{relative_path}"
+
+
+def badge_source(repository_url: str, relative_path: str) -> str:
+    return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repository_url, relative_path)})"
+
+
+def install_source(colab_install: str) -> str:
+    return (
+        "# Colab only: install minigrpo there (on your own machine: `pip install -e .` once, in the repository).\n"
+        "import sys\n"
+        "\n"
+        'if "google.colab" in sys.modules:  # minigrpo.course.in_colab(), before minigrpo can be imported\n'
+        f"    %{colab_install}"
+    )
+
+
+def _find(nb, cell_id: str) -> int | None:
+    return next((i for i, cell in enumerate(nb.cells) if cell.get("id") == cell_id), None)
+
+
+def stamp_notebook(nb, relative_path: str, repository_url: str, colab_install: str) -> bool:
+    """Put the badge first and the install cell before the first code cell. Returns True if nb changed."""
+    changed = False
+    badge = badge_source(repository_url, relative_path)
+    index = _find(nb, BADGE_ID)
+    if index is None:
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell(badge, id=BADGE_ID))
+        changed = True
+    else:
+        if nb.cells[index].source != badge:
+            nb.cells[index].source = badge
+            changed = True
+        if index != 0:
+            nb.cells.insert(0, nb.cells.pop(index))
+            changed = True
+    install = install_source(colab_install)
+    index = _find(nb, INSTALL_ID)
+    if index is None:
+        first_code = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"), len(nb.cells))
+        cell = nbformat.v4.new_code_cell(install, id=INSTALL_ID)
+        nb.cells.insert(first_code, cell)
+        changed = True
+    else:
+        cell = nb.cells[index]
+        if cell.source != install:
+            cell.source = install
+            changed = True
+        first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+        if first_code != index:
+            nb.cells.insert(first_code, nb.cells.pop(index))
+            changed = True
+    if cell.outputs or cell.execution_count is not None:
+        cell.outputs, cell.execution_count = [], None
+        changed = True
+    return changed
+
+
+def course_notebooks(root: Path = ROOT) -> list[Path]:
+    """Every .ipynb under notebooks/, solutions/ and exercises/ (checkpoint folders excluded)."""
+    paths = []
+    for folder in FOLDERS:
+        paths += sorted(p for p in (root / folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="*", type=Path, help="notebooks to stamp (default: all course notebooks)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook needs stamping")
+    args = parser.parse_args(argv)
+    repository_url, colab_install = course_constants()
+    stale = []
+    for path in [p.resolve() for p in args.paths] or course_notebooks():
+        nb = nbformat.read(path, as_version=4)
+        if stamp_notebook(nb, path.relative_to(ROOT).as_posix(), repository_url, colab_install):
+            stale.append(path.relative_to(ROOT))
+            if not args.check:
+                nbformat.write(nb, path)
+    verb = "needs stamping" if args.check else "stamped"
+    for path in stale:
+        print(f"{verb}: {path}")
+    if args.check and stale:
+        print("run: python scripts/stamp_colab.py")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
