@@ -1,0 +1,218 @@
+"""PPO on the shared loop: GAE, value clipping, whitening, KL-in-reward by hand; a short run; resume; shared rollout."""
+
+import json
+
+import pytest
+import torch
+
+import minigrpo.trainer
+from minigrpo import GRPOConfig, GRPOTrainer
+from minigrpo.ppo import (
+    PPOConfig,
+    PPOTrainer,
+    ValueModel,
+    clipped_policy_loss,
+    clipped_value_loss,
+    compute_gae,
+    format_table,
+    masked_whiten,
+    per_token_rewards,
+    run_algorithm,
+    summary,
+)
+from minigrpo.tasks.arithmetic import correctness_reward, format_reward
+from minigrpo.trainer import Trainer
+
+
+# --- GAE ------------------------------------------------------------------------------------------------
+def test_gae_matches_hand_computation_with_masked_tail():
+    # row 0: 3 real tokens then padding (whose reward 9 and value 5 must not leak); row 1: 4 real tokens
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 9.0], [0.0, 0.0, 0.0, 2.0]])
+    values = torch.tensor([[0.5, 0.6, 0.7, 5.0], [1.0, 1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    advantages, returns = compute_gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    # by hand, gamma * lam = 0.45, V after the last real token = 0:
+    # row 0: d2 = 1 - 0.7 = 0.3; d1 = 0.9*0.7 - 0.6 = 0.03; d0 = 0.9*0.6 - 0.5 = 0.04
+    #        A2 = 0.3, A1 = 0.03 + 0.45*0.3 = 0.165, A0 = 0.04 + 0.45*0.165 = 0.11425
+    # row 1: d3 = 2 - 1 = 1; d2 = d1 = d0 = 0.9 - 1 = -0.1
+    #        A3 = 1, A2 = -0.1 + 0.45 = 0.35, A1 = -0.1 + 0.1575 = 0.0575, A0 = -0.1 + 0.025875 = -0.074125
+    expected = torch.tensor([[0.11425, 0.165, 0.3, 0.0], [-0.074125, 0.0575, 0.35, 1.0]])
+    torch.testing.assert_close(advantages, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(returns, expected + values * mask, atol=1e-6, rtol=0)
+    assert returns[0, 3] == 0 and advantages[0, 3] == 0
+
+
+def test_gae_ignores_what_lies_beyond_the_end():
+    rewards, values = torch.rand(3, 6), torch.rand(3, 6)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]])
+    noisy_rewards = torch.where(mask.bool(), rewards, torch.full_like(rewards, 1e3))
+    noisy_values = torch.where(mask.bool(), values, torch.full_like(values, -1e3))
+    a, r = compute_gae(rewards, values, mask)
+    b, s = compute_gae(noisy_rewards, noisy_values, mask)
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    torch.testing.assert_close(r, s, atol=1e-6, rtol=0)
+
+
+def test_gae_with_lambda_one_is_the_monte_carlo_return_minus_the_value():
+    rewards, values = torch.rand(4, 5), torch.rand(4, 5)
+    mask = torch.ones(4, 5)
+    advantages, returns = compute_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    reward_to_go = rewards.flip(1).cumsum(1).flip(1)  # sum_{t' >= t} r_t'
+    torch.testing.assert_close(advantages, reward_to_go - values, atol=1e-5, rtol=0)
+    torch.testing.assert_close(returns, reward_to_go, atol=1e-5, rtol=0)
+
+
+def test_gae_rejects_left_padding():
+    with pytest.raises(AssertionError, match="right-padded"):
+        compute_gae(torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([[0, 1, 1]]))
+
+
+# --- rewards, whitening, losses ---------------------------------------------------------------------------
+def test_sequence_reward_lands_on_the_last_real_token_and_kl_on_every_real_token():
+    sequence_rewards = torch.tensor([1.0, 2.0])
+    kl = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.5, 0.5, 0.5]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    rewards = per_token_rewards(sequence_rewards, kl, mask, beta=0.5)
+    expected = torch.tensor([[-0.05, -0.1 + 1.0, 0.0, 0.0], [-0.25, -0.25, -0.25, -0.25 + 2.0]])
+    torch.testing.assert_close(rewards, expected, atol=1e-6, rtol=0)
+
+
+def test_whitening_uses_only_real_tokens():
+    values = torch.tensor([[1.0, 2.0, 3.0, 100.0], [2.0, -50.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    # real tokens 1, 2, 3, 2: mean 2, Bessel variance (1 + 0 + 1 + 0) / 3
+    std = (2 / 3) ** 0.5
+    expected = torch.tensor([[-1 / std, 0.0, 1 / std, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(masked_whiten(values, mask, eps=0.0), expected, atol=1e-6, rtol=0)
+    kept_mean = masked_whiten(values, mask, shift_mean=False, eps=0.0)
+    torch.testing.assert_close(kept_mean, (expected + 2.0) * mask, atol=1e-6, rtol=0)
+
+
+def test_value_loss_clipping_by_hand():
+    values = torch.tensor([[1.5, 0.0, 100.0]], requires_grad=True)
+    old_values = torch.tensor([[1.0, 0.0, 0.0]])
+    returns = torch.tensor([[2.0, 1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, clipfrac = clipped_value_loss(values, old_values, returns, mask, cliprange_value=0.2)
+    # token 0: unclipped (1.5 - 2)^2 = 0.25, clipped V = 1.2 -> (1.2 - 2)^2 = 0.64: the max takes 0.64
+    # token 1: both (0 - 1)^2 = 1; token 2 is padding
+    assert loss.item() == pytest.approx(0.5 * (0.64 + 1.0) / 2, abs=1e-6)
+    assert clipfrac.item() == pytest.approx(0.5, abs=1e-6)
+    loss.backward()  # the clipped branch is flat in V; token 1: d/dV 0.5 * (V - 1)^2 / 2 = -0.5
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, -0.5, 0.0]]), atol=1e-6, rtol=0)
+
+
+def test_clipped_policy_loss_by_hand():
+    logps = torch.log(torch.tensor([[1.5, 0.5, 7.0]]))  # ratios 1.5, 0.5 against old log-prob 0
+    old = torch.zeros(1, 3)
+    advantages = torch.tensor([[1.0, 1.0, 1.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, clipfrac = clipped_policy_loss(logps, old, advantages, mask, 0.2, 0.2)
+    # min(1.5, 1.2) = 1.2 (clipped); min(0.5, 0.8) = 0.5 -> loss = -(1.2 + 0.5) / 2
+    assert loss.item() == pytest.approx(-0.85, abs=1e-6)
+    assert clipfrac.item() == pytest.approx(0.5, abs=1e-6)
+
+
+def test_value_model_is_a_policy_sized_copy_with_a_scalar_head(tiny):
+    model, tokenizer = tiny
+    critic = ValueModel.from_policy(model)
+    backbone = sum(p.numel() for p in model.base_model.parameters())
+    assert sum(p.numel() for p in critic.parameters()) == backbone + model.config.hidden_size + 1
+    assert critic.backbone is not model.base_model
+    ids = torch.randint(5, 40, (3, 9))
+    values = critic(ids, torch.ones_like(ids), logits_to_keep=4)
+    assert values.shape == (3, 4) and torch.all(values == 0)  # the head starts at zero
+
+
+def test_config_messages_name_the_value_and_the_fix():
+    with pytest.raises(ValueError, match=r"lam=1.5: GAE's lambda must be in \[0, 1\]"):
+        PPOConfig(lam=1.5)
+    with pytest.raises(ValueError, match="critic_learning_rate=-1"):
+        PPOConfig(critic_learning_rate=-1)
+    with pytest.raises(ValueError, match="num_generations=1"):  # GRPOConfig's checks still run
+        PPOConfig(num_generations=1)
+    assert PPOConfig.tiny_cpu().learning_rate == GRPOConfig.tiny_cpu().learning_rate
+
+
+# --- PPO on the tiny Qwen ----------------------------------------------------------------------------------
+@pytest.fixture
+def ppo_config(small_config):
+    fields = {k: v for k, v in small_config.__dict__.items() if k != "kl_estimator"}  # keep PPO's k1
+    return PPOConfig(**{**fields, "critic_learning_rate": 1e-3, "max_steps": 3, "save_steps": 0})
+
+
+def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_dataset, eval_dataset, ppo_config):
+    model, tokenizer = tiny
+    config = ppo_config.replace(eval_steps=3)
+    trainer = PPOTrainer(model, tokenizer, [correctness_reward, format_reward], train_dataset, config, eval_dataset)
+    policy_before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    critic_before = {n: p.detach().clone() for n, p in trainer.critic.named_parameters()}
+    history = trainer.train()
+    assert all(not torch.equal(p, policy_before[n]) for n, p in model.named_parameters())
+    assert all(not torch.equal(p, critic_before[n]) for n, p in trainer.critic.named_parameters())
+    assert [group["lr"] for group in trainer.optimizer.param_groups] == [config.learning_rate, 1e-3]
+    rows = [json.loads(line) for line in open(f"{config.output_dir}/metrics.jsonl")]
+    assert [r["step"] for r in rows] == [m["step"] for m in history] == [1, 2, 3]
+    keys = ["reward", "rewards/correctness_reward/mean", "kl", "entropy", "loss", "loss/value", "grad_norm"]
+    keys += ["clip_ratio/region_mean", "completions/mean_length", "time/rollout", "time/update", "time/scoring"]
+    assert [key for key in keys if key not in rows[0]] == []
+    assert 0.0 <= rows[2]["eval/accuracy"] <= 1.0
+
+
+def test_ppo_resume_restores_the_critic(tiny, train_dataset, ppo_config, tmp_path):
+    model, tokenizer = tiny
+    initial = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    config = ppo_config.replace(max_steps=4, save_steps=2)
+    uninterrupted = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    uninterrupted.train()
+    assert (tmp_path / "run" / "checkpoint-2" / "critic" / "model.safetensors").exists()
+    expected_policy = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    expected_critic = {n: p.detach().clone() for n, p in uninterrupted.critic.state_dict().items()}
+
+    model.load_state_dict(initial)  # a fresh process: a fresh critic, weights from checkpoint-2
+    resumed = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    assert torch.all(resumed.critic.value_head.weight == 0)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    assert resumed.step == 4
+    for name, value in resumed.critic.state_dict().items():
+        torch.testing.assert_close(value, expected_critic[name], atol=1e-6, rtol=0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, expected_policy[name], atol=1e-6, rtol=0)
+
+
+def test_ppo_and_grpo_share_the_rollout_code(tiny, train_dataset, small_config, ppo_config, monkeypatch):
+    model, tokenizer = tiny
+    calls = []
+    real = minigrpo.trainer.sample_group_rollout
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["config"] if "config" in kwargs else args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(minigrpo.trainer, "sample_group_rollout", spy)
+    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(max_steps=1)).train()
+    PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, ppo_config.replace(max_steps=1)).train()
+    assert [type(c).__name__ for c in calls] == ["GRPOConfig", "PPOConfig"]
+    assert PPOTrainer.collect_rollout is Trainer.collect_rollout is GRPOTrainer.collect_rollout
+    assert PPOTrainer.train is GRPOTrainer.train
+
+
+def test_ppo_trainer_wants_a_ppo_config(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    with pytest.raises(TypeError, match="PPOTrainer needs a PPOConfig"):
+        PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
+
+
+# --- the benchmark's measuring code --------------------------------------------------------------------------
+def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
+    overrides = dict(max_steps=1, eval_steps=1, prompts_per_step=2, num_generations=4, per_device_train_batch_size=8)
+    result = run_algorithm("ppo", "tiny", overrides, train_size=32, eval_size=8, output_dir=str(tmp_path))
+    assert set(result["params"]) == {"policy", "reference", "critic"}
+    assert result["params"]["critic"]["trainable"] > result["params"]["policy"]["trainable"]  # + the value head
+    assert result["params"]["reference"] == {"trainable": 0, "frozen": result["params"]["policy"]["trainable"]}
+    assert result["peak_memory_bytes"] > 0
+    assert set(result["seconds_per_step"]) == {"rollout", "scoring", "update"}
+    assert result["curve"]["completions"] == [8] and len(result["curve"]["eval/accuracy"]) == 1
+    results = {"device": "cpu", "model": "tiny", "algorithms": {"grpo": result, "ppo": result}}
+    assert summary(results)["peak_memory_ratio"] == 1.0
+    assert "peak memory GRPO / PPO = 1.00" in format_table(results)
