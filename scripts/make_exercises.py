@@ -1,0 +1,135 @@
+"""Generate exercises/ from solutions/: the solutions are the one source of truth.
+
+    python scripts/make_exercises.py           # (re)write exercises/*.ipynb
+    python scripts/make_exercises.py --check   # exit 1 when exercises/ is out of date (CI, tests)
+
+In every code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION`
+(nbgrader's markers) become a stub at the same indentation:
+
+    # YOUR CODE HERE
+    raise NotImplementedError("...")
+
+so a function keeps its signature and docstring (put the markers after the
+docstring). In a markdown cell the block becomes "_Your answer here._". Outputs
+and execution counts are stripped, links to solutions/<name> point to
+exercises/<name> (the Colab badge), and everything else is copied unchanged,
+so cells that scripts/stamp_colab.py added to a solution carry over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+CODE_STUB = [
+    "# YOUR CODE HERE",
+    'raise NotImplementedError("Exercise: replace this line with your solution, then run the check below.")',
+]
+MARKDOWN_STUB = ["_Your answer here._"]
+
+
+def strip_solutions(source: str, stub: list[str]) -> str:
+    """Replace every BEGIN ... END SOLUTION block of `source` by `stub`, indented like the BEGIN marker."""
+    lines, out, inside = source.split("\n"), [], False
+    for number, line in enumerate(lines, start=1):
+        marker = line.strip()
+        if marker == BEGIN:
+            if inside:
+                raise ValueError(f"line {number}: {BEGIN} inside another solution block")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            out += [indent + s for s in stub]
+        elif marker == END:
+            if not inside:
+                raise ValueError(f"line {number}: {END} without a {BEGIN}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{BEGIN} without an {END}")
+    return "\n".join(out)
+
+
+def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """The exercise notebook for one solution notebook (a new object; the solution is not modified)."""
+    exercise = copy.deepcopy(solution)
+    for cell in exercise.cells:
+        if cell.cell_type == "code":
+            cell.source = strip_solutions(cell.source, CODE_STUB)
+            cell.outputs, cell.execution_count = [], None
+            cell.metadata.pop("execution", None)
+        elif cell.cell_type == "markdown":
+            cell.source = strip_solutions(cell.source, MARKDOWN_STUB)
+        cell.source = re.sub(rf"\bsolutions/{re.escape(name)}", f"exercises/{name}", cell.source)
+    return exercise
+
+
+def render(nb: nbformat.NotebookNode) -> str:
+    return nbformat.writes(nb) + "\n"
+
+
+def expected_exercises(solutions: Path) -> dict[str, str]:
+    """exercise file name -> its expected text, for every solution notebook."""
+    notebooks = sorted(solutions.glob("*.ipynb"))
+    if not notebooks:
+        raise FileNotFoundError(f"no solution notebooks in {solutions}")
+    expected = {}
+    for path in notebooks:
+        solution = nbformat.read(path, as_version=4)
+        if not any(BEGIN in cell.source for cell in solution.cells):
+            raise ValueError(f"{path} has no {BEGIN} block: nothing for the learner to do")
+        try:
+            expected[path.name] = render(make_exercise(solution, path.name))
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+    return expected
+
+
+def stale_exercises(solutions: Path, exercises: Path) -> list[str]:
+    """What differs between exercises/ and what the solutions generate (empty when up to date)."""
+    expected = expected_exercises(solutions)
+    problems = []
+    for name, text in expected.items():
+        path = exercises / name
+        if not path.exists():
+            problems.append(f"{path} is missing")
+        elif path.read_text() != text:
+            problems.append(f"{path} differs from what {solutions / name} generates")
+    for path in sorted(exercises.glob("*.ipynb")):
+        if path.name not in expected:
+            problems.append(f"{path} has no solution in {solutions}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when exercises/ is out of date; write nothing")
+    parser.add_argument("--solutions", type=Path, default=ROOT / "solutions")
+    parser.add_argument("--exercises", type=Path, default=ROOT / "exercises")
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = stale_exercises(args.solutions, args.exercises)
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        if problems:
+            print("exercises/ is out of date: run python scripts/make_exercises.py", file=sys.stderr)
+            return 1
+        print(f"exercises/ is up to date with {args.solutions}")
+        return 0
+    args.exercises.mkdir(parents=True, exist_ok=True)
+    expected = expected_exercises(args.solutions)
+    for name, text in expected.items():
+        (args.exercises / name).write_text(text)
+    print(f"wrote {len(expected)} exercise notebooks to {args.exercises}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
