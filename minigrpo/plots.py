@@ -288,6 +288,7 @@ def plot_parameter_counts(params: dict[str, dict[str, dict[str, int]]], ax=None)
     ax.bar(x, trainable, color=colors, label="trainable")
     ax.bar(x, frozen, bottom=trainable, color=colors, alpha=0.35, hatch="//", label="frozen")
     ax.set_xticks(list(x), names, fontsize=8)
+    ax.set_ylim(0, 1.3 * max([t + f for t, f in zip(trainable, frozen, strict=True)] + [1e-6]))  # room for the legend
     ax.set_ylabel("parameters (millions)")
     ax.set_title("parameters held, per model", fontsize=10)
     ax.legend(fontsize=8)

@@ -10,4 +10,3 @@ os.environ.setdefault("MINIGRPO_QUICK", "1")  # minigrpo.course.QUICK: short tra
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in CI logs
-os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
