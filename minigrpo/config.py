@@ -54,7 +54,11 @@ class GRPOConfig:
     top_p: float = 1.0
     """Nucleus sampling; 1.0 samples from the full distribution (what the policy gradient assumes)."""
     fast_generation: bool | None = None
-    """Static KV cache + torch.compile for `generate`. None = on for CUDA, off on CPU."""
+    """Static KV cache in `generate`, which transformers then compiles (CUDA graphs). None: on for CUDA, off on CPU."""
+    share_prompt_prefix: bool = True
+    """Run each prompt once per group instead of G times and reuse its KV cache for the G completions
+    (generation prefill, reference and policy log-probs). Same numbers up to float rounding, far less work
+    when prompts are long. False = the plain path. Applies to micro-batches of whole groups."""
 
     # --- advantages (stage 3) ----------------------------------------------------
     scale_rewards: Literal["group", "batch", "none"] = "group"

@@ -17,6 +17,8 @@ it: hidden[:, P - 1 + t]. Getting this off by one is the classic silent bug
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -86,20 +88,102 @@ def per_token_logps(
         use_cache=False,
     )
     hidden = output.hidden_states[-1][:, L - T - 1 : L - 1]  # (n, T, H): position t-1 predicts token t
-    labels = input_ids[:, L - T :]  # (n, T)
+    return project_to_logps(model, hidden, input_ids[:, L - T :], temperature, chunk_size)
+
+
+def project_to_logps(
+    model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vocabulary projection, chunk by chunk: hidden (n, T, H) predicting labels (n, T) -> logps, entropy (n, T).
+
+    With gradients, each chunk is recomputed in the backward pass (activation
+    checkpointing) so that only one chunk of (rows, V) logits ever exists.
+    When everything fits in one chunk there is nothing to save by recomputing,
+    and the chunk is kept instead.
+    """
+    n, T = labels.shape
     head = model.get_output_embeddings()
     flat_hidden, flat_labels = hidden.reshape(n * T, -1), labels.reshape(n * T)  # (n*T, H), (n*T,)
+    recompute = torch.is_grad_enabled() and n * T > chunk_size
     logps, entropies = [], []
     for start in range(0, n * T, chunk_size):
         rows = slice(start, start + chunk_size)
         args = (flat_hidden[rows], flat_labels[rows], head.weight, head.bias, temperature)
-        if torch.is_grad_enabled():
-            chunk = checkpoint(_chunk_logps_and_entropy, *args, use_reentrant=False)
-        else:
-            chunk = _chunk_logps_and_entropy(*args)
+        chunk = (
+            checkpoint(_chunk_logps_and_entropy, *args, use_reentrant=False)
+            if recompute
+            else _chunk_logps_and_entropy(*args)
+        )
         logps.append(chunk[0])
         entropies.append(chunk[1])
     return torch.cat(logps).view(n, T), torch.cat(entropies).view(n, T)  # (n, T), (n, T)
+
+
+# --- the fast path: each prompt once per group (GRPOConfig.share_prompt_prefix) -------------------
+def shared_prompt_per_token_logps(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    num_generations: int,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_logps, computing each group's shared prompt once instead of G times.
+
+    Symbol           | Shape  | Description
+    -----------------|--------|-------------------------------------------------------
+    prompt_ids       | (n, P) | left-padded prompts, group-major: rows b*G .. b*G+G-1 are equal
+    prompt_mask      | (n, P) | 1 on real prompt tokens
+    completion_ids   | (n, T) | right-padded completions
+    completion_mask  | (n, T) | 1 on real completion tokens
+    returns          | (n, T) | log pi(o_t | q, o_<t) and the entropy, as per_token_logps
+
+    The G completions of a group share their prompt, so its keys and values
+    are the same G times over: run the prompt once per group (n / G rows),
+    repeat its KV cache G times, and run only the completions on top of it.
+    Gradients flow through the repeated cache into the prompt pass, so the
+    result (values and gradients) equals per_token_logps up to float
+    rounding, for about (P / G + T) / (P + T) of the work.
+    """
+    n, P = prompt_ids.shape
+    G = num_generations
+    assert n % G == 0, f"{n} rows are not whole groups of G={G}"
+    prompts = model(
+        input_ids=prompt_ids[::G],  # (n/G, P): one row per group
+        attention_mask=prompt_mask[::G],
+        position_ids=completion_position_ids(prompt_mask[::G]),
+        output_hidden_states=True,
+        logits_to_keep=1,
+        use_cache=True,
+    )
+    cache = returned_cache(prompts)
+    cache.batch_repeat_interleave(G)  # (n/G, ...) -> (n, ...)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (n, P + T)
+    completions = model(
+        input_ids=completion_ids,
+        attention_mask=attention_mask,
+        position_ids=completion_position_ids(attention_mask)[:, P:],  # (n, T)
+        output_hidden_states=True,
+        logits_to_keep=1,
+        use_cache=True,
+        **{cache_argument(model): cache},
+    )
+    last_prompt_hidden = prompts.hidden_states[-1][:, -1:].repeat_interleave(G, dim=0)  # (n, 1, H) predicts o_0
+    hidden = torch.cat([last_prompt_hidden, completions.hidden_states[-1][:, :-1]], dim=1)  # (n, T, H)
+    return project_to_logps(model, hidden, completion_ids, temperature, chunk_size)
+
+
+def cache_argument(model) -> str:
+    """The name of the KV-cache argument: `cache` in recent transformers, `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(output):
+    """The KV cache a forward pass with use_cache=True returned (`cache`, formerly `past_key_values`)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 @torch.no_grad()

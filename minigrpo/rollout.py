@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from minigrpo.logprobs import batched_per_token_logps
+from minigrpo.logprobs import (
+    cache_argument,
+    completion_position_ids,
+    per_token_logps,
+    returned_cache,
+    shared_prompt_per_token_logps,
+)
 from minigrpo.models import precision_context
 
 
@@ -140,18 +146,89 @@ def use_fast_generation(config, model) -> bool:
 
 
 @torch.no_grad()
-def generate_completions(model, tokenizer, prompt_ids, prompt_mask, config, greedy: bool = False) -> torch.Tensor:
-    """model.generate with the KV cache -> completion ids (n, T), T <= max_completion_length."""
+def generate_completions(
+    model, tokenizer, prompt_ids, prompt_mask, config, greedy: bool = False, num_generations: int = 1
+) -> torch.Tensor:
+    """model.generate with the KV cache -> completion ids (n, T), T <= max_completion_length.
+
+    num_generations=G says the rows are G copies of each prompt (group-major);
+    with config.share_prompt_prefix their prompt is then prefilled once per group.
+    """
     was_training = model.training
     model.eval()
     with precision_context(prompt_ids.device):
+        generation_config = generation_config_for(config, model, tokenizer, greedy)
+        cache = {}
+        if shares_prompt_prefix(config, num_generations) and generation_config.cache_implementation is None:
+            cache = {cache_argument(model): prefill_shared_prompts(model, prompt_ids, prompt_mask, num_generations)}
         sequences = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=generation_config_for(config, model, tokenizer, greedy),
+            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **cache
         )
     model.train(was_training)
     return sequences[:, prompt_ids.shape[1] :]  # (n, T)
+
+
+# --- the fast path: each prompt once per group (GRPOConfig.share_prompt_prefix) -------------------
+def shares_prompt_prefix(config, rows_per_call: int) -> bool:
+    """Whether calls on `rows_per_call` group-major rows run each prompt once per group."""
+    G = config.num_generations
+    return getattr(config, "share_prompt_prefix", False) and rows_per_call >= G and rows_per_call % G == 0
+
+
+def prefill_shared_prompts(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int):
+    """The KV cache of every prompt token but the last, computed once per group and repeated G times.
+
+    prompt_ids, prompt_mask: (n, P), rows b*G .. b*G+G-1 equal. `generate` then
+    starts from this cache: it runs the last prompt token and samples the
+    G completions of each group independently, as without the cache.
+    """
+    G = num_generations
+    head_ids, head_mask = prompt_ids[::G, :-1], prompt_mask[::G, :-1]  # (n/G, P-1)
+    output = model(
+        input_ids=head_ids,
+        attention_mask=head_mask,
+        position_ids=completion_position_ids(head_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = returned_cache(output)
+    cache.batch_repeat_interleave(G)  # (n/G, ...) -> (n, ...)
+    return cache
+
+
+def completion_logps(model, rollout: Rollout, config, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(o_t | q, o_<t) and entropy, (n, T), of the rollout's rows `rows` under `model`.
+
+    The plain path runs prompt + completion for every row (per_token_logps);
+    with config.share_prompt_prefix each group's prompt runs once
+    (shared_prompt_per_token_logps). Gradients flow when grad is enabled.
+    """
+    prompt_ids, prompt_mask = rollout.prompt_ids[rows], rollout.prompt_mask[rows]
+    completion_ids, completion_mask = rollout.completion_ids[rows], rollout.completion_mask[rows]
+    if shares_prompt_prefix(config, prompt_ids.shape[0]):
+        return shared_prompt_per_token_logps(
+            model,
+            prompt_ids,
+            prompt_mask,
+            completion_ids,
+            completion_mask,
+            config.num_generations,
+            config.temperature,
+            config.logprob_chunk_size,
+        )
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (n, P + T)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (n, P + T)
+    T = completion_ids.shape[1]
+    return per_token_logps(model, input_ids, attention_mask, T, config.temperature, config.logprob_chunk_size)
+
+
+@torch.no_grad()
+def batched_completion_logps(model, rollout: Rollout, config) -> torch.Tensor:
+    """completion_logps without gradients, per_device_train_batch_size rows at a time (old / reference). -> (N, T)"""
+    N, batch_size = rollout.completion_ids.shape[0], config.per_device_train_batch_size
+    return torch.cat(
+        [completion_logps(model, rollout, config, slice(i, i + batch_size))[0] for i in range(0, N, batch_size)]
+    )
 
 
 def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None) -> Rollout:
@@ -164,7 +241,9 @@ def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None
     device = next(model.parameters()).device
     group_prompts = repeat_for_group(prompts, config.num_generations)
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, group_prompts, config.max_prompt_length, device)
-    completion_ids = generate_completions(model, tokenizer, prompt_ids, prompt_mask, config)
+    completion_ids = generate_completions(
+        model, tokenizer, prompt_ids, prompt_mask, config, num_generations=config.num_generations
+    )
     completion_mask, is_truncated = completion_mask_from_eos(completion_ids, eos_token_ids(model, tokenizer))
     rollout = Rollout(
         prompt_ids=prompt_ids,
@@ -175,17 +254,9 @@ def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None
         completions=[],
     )
     rollout.completions = tokenizer.batch_decode(rollout.completion_id_lists(), skip_special_tokens=True)
-    logps_args = dict(
-        input_ids=rollout.input_ids,
-        attention_mask=rollout.attention_mask,
-        logits_to_keep=completion_ids.shape[1],
-        batch_size=config.per_device_train_batch_size,
-        temperature=config.temperature,
-        chunk_size=config.logprob_chunk_size,
-    )
     with precision_context(device):
         if config.num_iterations > 1:
-            rollout.old_per_token_logps = batched_per_token_logps(model, **logps_args)
+            rollout.old_per_token_logps = batched_completion_logps(model, rollout, config)
         if config.beta != 0.0:
-            rollout.ref_per_token_logps = batched_per_token_logps(ref_model, **logps_args)
+            rollout.ref_per_token_logps = batched_completion_logps(ref_model, rollout, config)
     return rollout

@@ -24,12 +24,13 @@ from tqdm.auto import tqdm
 
 from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
 from minigrpo.config import GRPOConfig
-from minigrpo.logprobs import masked_mean, per_token_logps
+from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import make_reference_model, precision_context
 from minigrpo.rewards import compute_rewards, reward_func_name
 from minigrpo.rollout import (
     Rollout,
+    completion_logps,
     completion_mask_from_eos,
     eos_token_ids,
     generate_completions,
@@ -379,18 +380,15 @@ class GRPOTrainer(Trainer):
     def update_policy(self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict:
         """One optimisation pass over the rollout, in micro-batches with gradient accumulation."""
         config = self.config
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
-        T = rollout.completion_ids.shape[1]
+        N = rollout.completion_ids.shape[0]
         num_items_in_batch = int(loss_mask.sum())  # dapo's normaliser: tokens in the whole step
         accumulation = config.gradient_accumulation_steps
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, input_ids.shape[0], config.per_device_train_batch_size):
+        for start in range(0, N, config.per_device_train_batch_size):
             rows = slice(start, start + config.per_device_train_batch_size)
             with precision_context(self.device):
-                logps, entropy = per_token_logps(
-                    self.model, input_ids[rows], attention_mask[rows], T, config.temperature, config.logprob_chunk_size
-                )
+                logps, entropy = completion_logps(self.model, rollout, config, rows)
             loss, metrics = grpo_loss(
                 logps,
                 None if rollout.old_per_token_logps is None else rollout.old_per_token_logps[rows],
