@@ -11,7 +11,8 @@ lessons stand on:
   filter (groups whose rewards are all equal are dropped from the update).
 - ``per_token_gradient_weights``: the weight each ``loss_type`` gives one
   token, read off autograd through ``losses.aggregate_loss``.
-- ``number_anywhere_reward``: a reward that can be gamed (reward hacking).
+- ``number_anywhere_reward``, ``at_least_reward``, ``make_length_bonus``: rewards
+  that can be gamed (reward hacking, length growth).
 - ``simulate_disconnect``: a reward function that raises KeyboardInterrupt on
   a chosen call, to interrupt a run for real and resume it.
 - ``summarize_run`` / ``completion_table`` / ``plot_variant_comparison``:
@@ -153,12 +154,13 @@ def train_short_run(
     train_dataset=None,
     eval_dataset=None,
     dynamic_sampling: bool = False,
+    eval_size: int = 200,
 ) -> GRPOTrainer:
     """Train a fresh copy of `model_name` with `config`; returns the trainer (its .history holds the metrics).
 
-    Defaults: 2000 training sums, 200 held-out sums, rewards [correctness, format]
-    (weight them with config.reward_weights). Every call starts from the same
-    weights, so runs differ only by their config.
+    Defaults: 2000 training sums, `eval_size` held-out sums (0: no evaluation),
+    rewards [correctness, format] (weight them with config.reward_weights).
+    Every call starts from the same weights, so runs differ only by their config.
     """
     from minigrpo.models import load_model_and_tokenizer
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
@@ -166,7 +168,8 @@ def train_short_run(
     model, tokenizer = load_model_and_tokenizer(model_name)
     reward_funcs = [correctness_reward, format_reward] if reward_funcs is None else reward_funcs
     train_dataset = train_dataset if train_dataset is not None else make_arithmetic_dataset(2000, "train")
-    eval_dataset = eval_dataset if eval_dataset is not None else make_arithmetic_dataset(200, "test")
+    if eval_dataset is None and eval_size > 0:
+        eval_dataset = make_arithmetic_dataset(eval_size, "test")
     trainer_cls = DynamicSamplingGRPOTrainer if dynamic_sampling else GRPOTrainer
     trainer = trainer_cls(model, tokenizer, reward_funcs, train_dataset, config, eval_dataset=eval_dataset)
     trainer.train()
@@ -218,6 +221,37 @@ def number_anywhere_reward(prompts, completions, completion_ids=None, *, answer,
         text = completion if isinstance(completion, str) else str(completion[-1]["content"])
         scores.append(float(str(expected).strip() in _ANY_NUMBER.findall(text)))
     return scores
+
+
+def at_least_reward(prompts, completions, completion_ids=None, *, answer, **columns) -> list[float]:
+    """A verifier with a one-character bug: 1.0 when the answer is >= the right one (`>=` where `==` was meant).
+
+    Every wrong answer that is too big is paid as if it were right, and the
+    policy finds that quickly: it only has to make its numbers bigger.
+    """
+    from minigrpo.tasks.arithmetic import completion_text, extract_answer
+
+    scores = []
+    for completion, expected in zip(completions, answer, strict=True):
+        predicted = extract_answer(completion_text(completion))
+        scores.append(float(predicted is not None and predicted >= int(expected)))
+    return scores
+
+
+def make_length_bonus(max_completion_length: int) -> Callable:
+    """A reward for "thoroughness": |o_i| / max_completion_length, from 0 (empty) to 1 (hit the limit).
+
+    Added to the correctness reward it looks harmless, but a completion that
+    never stops earns the full bonus, and a policy can learn not to stop much
+    more easily than it can learn to add.
+    """
+    if max_completion_length < 1:
+        raise ValueError(f"max_completion_length={max_completion_length}: it must be >= 1.")
+
+    def length_bonus(prompts, completions, completion_ids, **columns) -> list[float]:
+        return [min(len(ids), max_completion_length) / max_completion_length for ids in completion_ids]
+
+    return length_bonus
 
 
 # --- an interruption you can reproduce ---------------------------------------------
