@@ -12,6 +12,7 @@ who moves to TRL recognises them. Defaults follow the DeepSeekMath paper
 | epsilon          | 0.2              | 0.2             |                                           |
 | num_generations  | 8                | 8               |                                           |
 | num_iterations   | 1                | 1               |                                           |
+| use_bias_correction_kl | (no)       | True            | TRL 1.16 multiplies the KL by the ratio   |
 
 Notation (used everywhere in the package): B prompts per step, G =
 num_generations completions per prompt, N = B * G completions, T completion

@@ -1,0 +1,77 @@
+"""minigrpo's loss, advantages and gradients equal TRL's own code on one fixed rollout batch (skips without trl),
+and the shared-prompt fast path equals the plain path."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigrpo.logprobs import per_token_logps, shared_prompt_per_token_logps
+from minigrpo.rollout import completion_logps, generate_completions, sample_group_rollout, tokenize_prompts
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (the bench extra)")
+def test_loss_advantages_and_gradients_match_trl_for_each_loss_type():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from vs_trl import crosscheck
+    finally:
+        sys.path.remove(str(BENCH))
+    diffs = crosscheck("tiny", prompts=2, generations=4, max_completion_length=24, beta=0.04, verbose=True)
+    assert diffs["kl"] > 1e-5  # the policy really differs from the reference: the KL term is tested
+    assert diffs["advantages"] <= 1e-5
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+        for regime in ("on_policy", "off_policy"):
+            assert diffs[f"{loss_type}/{regime}"] <= 1e-5, (loss_type, regime, diffs)
+            assert diffs[f"grad/{loss_type}/{regime}"] <= 1e-4, (loss_type, regime, diffs)
+
+
+def test_shared_prompt_logps_and_gradients_equal_the_plain_path(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    config = small_config.replace(beta=0.0)
+    torch.manual_seed(0)
+    rollout = sample_group_rollout(model, tokenizer, train_dataset["prompt"][:4], config)
+    T = rollout.completion_ids.shape[1]
+
+    def logps_and_grads(compute):
+        model.zero_grad(set_to_none=True)
+        logps, entropy = compute()
+        (logps * rollout.completion_mask).sum().backward()
+        return logps.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
+
+    plain = logps_and_grads(lambda: per_token_logps(model, rollout.input_ids, rollout.attention_mask, T))
+    shared = logps_and_grads(
+        lambda: shared_prompt_per_token_logps(
+            model,
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.completion_ids,
+            rollout.completion_mask,
+            config.num_generations,
+        )
+    )
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(plain[0][mask], shared[0][mask], atol=1e-4)
+    assert torch.allclose(plain[1][mask], shared[1][mask], atol=1e-4)
+    for g_plain, g_shared in zip(plain[2], shared[2], strict=True):
+        assert torch.allclose(g_plain, g_shared, atol=1e-4, rtol=1e-3)
+    # the switch: completion_logps takes the shared path only for whole groups, else the plain one
+    on = completion_logps(model, rollout, config.replace(share_prompt_prefix=True))[0]
+    off = completion_logps(model, rollout, config.replace(share_prompt_prefix=False))[0]
+    assert torch.allclose(on[mask], off[mask], atol=1e-4)
+
+
+def test_generation_from_a_shared_prompt_cache_equals_plain_generation(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    G = 4
+    prompts = [p for p in train_dataset["prompt"][:3] for _ in range(G)]
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, small_config.max_prompt_length, "cpu")
+    plain = generate_completions(model, tokenizer, prompt_ids, prompt_mask, small_config, greedy=True)
+    shared = generate_completions(
+        model, tokenizer, prompt_ids, prompt_mask, small_config, greedy=True, num_generations=G
+    )
+    assert torch.equal(plain, shared)
