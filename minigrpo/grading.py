@@ -1234,13 +1234,20 @@ def _compare_grad_norm(got: dict, expected: dict, step: int) -> None:
 
 
 def _compare_parameters(model, reference_model) -> None:
-    for (name, p), (_, q) in zip(model.named_parameters(), reference_model.named_parameters(), strict=True):
-        significant = q.grad.abs() > 1e-6 if q.grad is not None else torch.ones_like(q, dtype=torch.bool)
-        if not torch.allclose(p.detach()[significant], q.detach()[significant], atol=1e-6):
-            raise Mismatch(
-                f"parameter {name} after the step differs from the reference's: call optimizer.zero_grad(), "
-                "loss.backward(), clip the gradient norm, then optimizer.step(), once per step."
-            )
+    """The updated weights agree with the reference's (to 1e-6) on at least 99% of the elements.
+
+    Not all of them: Adam moves an element by about lr * sign(g) even when g is rounding noise, so a gradient
+    that differs from the reference's by 1e-9 can flip a few tiny elements by 2 lr.
+    """
+    differ = total = 0
+    for p, q in zip(model.parameters(), reference_model.parameters(), strict=True):
+        differ += int(((p.detach() - q.detach()).abs() > 1e-6).sum())
+        total += q.numel()
+    if differ > 0.01 * total:
+        raise Mismatch(
+            f"{differ} of {total} weights after the step differ from the reference's: call optimizer.zero_grad(), "
+            "loss.backward(), clip the gradient norm, then optimizer.step(), once per step."
+        )
 
 
 _cases("check_grpo_step")(_grpo_step_cases)

@@ -1,0 +1,361 @@
+"""The checks behind the exercises, and the grade command.
+
+Each check gives the package's reference full marks and a planted-wrong
+implementation less, with the hint that names the mistake. Errors and
+timeouts in a learner's code are failed cases, never a crash. Grading
+solutions/ gives full marks and exercises/ (as generated) zero.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from minigrpo import grading
+from minigrpo.advantages import group_baseline, group_relative_advantages
+from minigrpo.logprobs import masked_mean
+from minigrpo.losses import aggregate_loss, clipped_surrogate, kl_penalty
+from minigrpo.ppo import compute_gae
+from minigrpo.tasks.arithmetic import extract_answer, graded_reward
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The tiny model's ops are too small to gain from threads, and lose a lot when the CPUs are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- reference and planted-wrong implementations --------------------------------------
+def first_number(text):
+    numbers = re.findall(r"-?\d+", text)
+    return int(numbers[0]) if numbers else None
+
+
+def substring_reward(prompts, completions, completion_ids=None, *, answer, **columns):
+    return [2.0 if a in text else 0.0 for text, a in zip(completions, answer, strict=True)]
+
+
+def population_std_advantages(grouped, eps=1e-4):
+    centred = grouped - grouped.mean(1, keepdim=True)
+    return torch.nan_to_num(centred / (grouped.std(1, keepdim=True, correction=0) + eps))
+
+
+def divide_by_T(values, mask, dim=None):
+    selected = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return selected.sum() / values.numel() if dim is None else selected.sum(dim) / values.shape[dim]
+
+
+def logps_off_by_one(logits, input_ids, T):
+    log_probs = torch.log_softmax(logits[:, -T:], dim=-1)  # the classic bug: position t scores token t
+    return log_probs.gather(-1, input_ids[:, -T:].unsqueeze(-1)).squeeze(-1)
+
+
+def surrogate_with_max(ratio, advantages, low, high):
+    A = advantages.unsqueeze(1)
+    return torch.max(ratio * A, torch.clamp(ratio, 1 - low, 1 + high) * A)
+
+
+def kl_reversed(logps, ref):
+    log_r = logps - ref
+    return torch.exp(log_r) - log_r - 1
+
+
+def aggregate_token_mean(loss, mask, loss_type, max_completion_length):
+    return aggregate_loss(loss, mask, "dapo" if loss_type == "grpo" else loss_type, max_completion_length)
+
+
+def gae_without_lam(rewards, values, mask, gamma=1.0, lam=0.95):
+    return compute_gae(rewards, values, mask, gamma, 1.0)
+
+
+def step_one_loss_wrong_sign(advantages, lengths, loss_type, max_completion_length):
+    return -grading.step_one_loss(advantages, lengths, loss_type, max_completion_length)
+
+
+def make_grpo_step(scale_rewards=None):
+    """The solution's GRPO step; scale_rewards="batch" plants the std-over-the-batch bug."""
+    from minigrpo import compute_rewards, grpo_loss, per_token_logps, repeat_for_group, sample_group_rollout
+
+    def grpo_step(model, ref_model, tokenizer, optimizer, batch, reward_funcs, config):
+        G = config.num_generations
+        rollout = sample_group_rollout(model, tokenizer, batch["prompt"], config, ref_model)
+        columns = {k: repeat_for_group(v, G) for k, v in batch.items() if k != "prompt"}
+        _, rewards = compute_rewards(
+            reward_funcs,
+            repeat_for_group(batch["prompt"], G),
+            rollout.completions,
+            rollout.completion_id_lists(),
+            columns,
+            config.reward_weights,
+        )
+        advantages = group_relative_advantages(
+            rewards.view(-1, G), scale_rewards or config.scale_rewards, "mean", config.std_ddof
+        ).flatten()
+        T = rollout.completion_ids.shape[1]
+        logps, _ = per_token_logps(model, rollout.input_ids, rollout.attention_mask, T, config.temperature)
+        loss, _ = grpo_loss(
+            logps, rollout.old_per_token_logps, rollout.ref_per_token_logps, advantages, rollout.completion_mask, config
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        return {"loss": loss.item(), "reward": rewards.mean().item(), "grad_norm": grad_norm.item()}
+
+    return grpo_step
+
+
+RIGHT_ANSWERS = {"A": "batch_std", "B": "shifted_logps", "C": "wrong_detach", "D": "prompt_in_mask"}
+WORKED_DAPO = grading.step_one_loss(
+    group_relative_advantages(torch.tensor([grading.WORKED_EXAMPLE_REWARDS])).flatten(),
+    torch.tensor(grading.WORKED_EXAMPLE_LENGTHS),
+    "dapo",
+    64,
+)
+
+# check name: (the reference, a planted-wrong implementation, a phrase of the hint it must get)
+CHECKS = {
+    "check_extract_answer": (extract_answer, first_number, "LAST <answer>"),
+    "check_graded_reward": (graded_reward, substring_reward, "well-formed"),
+    "check_reward_hacking": (graded_reward, substring_reward, "must score 0"),
+    "check_group_relative_advantages": (
+        lambda r, eps=1e-4: group_relative_advantages(r, eps=eps),
+        population_std_advantages,
+        "population std",
+    ),
+    "check_rloo_advantages": (
+        lambda r: r - group_baseline(r, "rloo"),
+        lambda r: r - r.mean(1, keepdim=True),
+        "leaves r_i out",
+    ),
+    "check_masked_mean": (masked_mean, divide_by_T, "not by T"),
+    "check_per_token_logps": (grading._logps_reference, logps_off_by_one, "off by one"),
+    "check_clipped_surrogate": (clipped_surrogate, surrogate_with_max, "not max"),
+    "check_kl_k3": (lambda a, b: kl_penalty(a, b, "k3"), kl_reversed, "pi_ref / pi_theta"),
+    "check_aggregate_loss": (aggregate_loss, aggregate_token_mean, "token-level mean"),
+    "check_compute_gae": (compute_gae, gae_without_lam, "lam"),
+    "check_step_one_loss": (grading.step_one_loss, step_one_loss_wrong_sign, "flip the sign"),
+    "check_worked_example_step_one_loss": (lambda: WORKED_DAPO, lambda: 0.0, "dapo"),
+    "check_failure_modes": (lambda: RIGHT_ANSWERS, lambda: {**RIGHT_ANSWERS, "A": "shifted_logps"}, "std about 1"),
+    "check_grpo_step": (make_grpo_step(), make_grpo_step("batch"), "group_relative_advantages"),
+}
+
+
+def test_every_check_is_tested_here():
+    assert set(CHECKS) == set(grading.CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_reference_gets_full_marks(name, capsys):
+    reference = CHECKS[name][0]
+    result = getattr(grading, name)(reference)
+    assert result.passed, [c.message for c in result.cases if not c.passed]
+    assert result.points == result.max_points == grading.max_points(name) > 0
+    assert f"{name}: {result.max_points:g}/{result.max_points:g} points" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_planted_mistake_fails_with_its_hint(name, capsys):
+    _, wrong, hint = CHECKS[name]
+    result = getattr(grading, name)(wrong)
+    assert result.points < result.max_points
+    failed = [c for c in result.cases if not c.passed]
+    assert any(hint in c.message for c in failed), [c.message for c in failed]
+    assert "FAIL" in capsys.readouterr().out
+
+
+# --- errors, timeouts, records ------------------------------------------------------------
+def test_an_exception_in_the_learners_code_is_a_failed_case_with_its_last_line():
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    result = grading.check_kl_k3(broken)
+    assert result.points == 0 and len(result.cases) == 3
+    assert all(c.message == "your code raised ValueError: boom" for c in result.cases)
+
+
+def test_a_stub_is_reported_as_not_implemented():
+    def stub(*args, **kwargs):
+        raise NotImplementedError("Exercise: replace this line")
+
+    result = grading.check_masked_mean(stub)
+    assert result.points == 0
+    assert all(c.message.startswith("not implemented yet") for c in result.cases)
+
+
+def test_a_timeout_is_a_failed_case_not_a_hang():
+    def forever(learner):
+        while True:
+            pass
+
+    result = grading.run_case(grading.Case("loops", 2, forever, timeout=0.3), learner=None)
+    assert not result.passed and result.points == 0 and result.max_points == 2
+    assert "timed out" in result.message
+
+
+def test_a_timeout_cannot_be_swallowed_by_except_exception():
+    def stubborn(learner):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:
+                pass
+
+    result = grading.run_case(grading.Case("swallows", 1, stubborn, timeout=0.3), learner=None)
+    assert "timed out" in result.message
+
+
+def test_wrong_shape_and_non_callable_are_failed_cases():
+    result = grading.check_clipped_surrogate(lambda ratio, A, low, high: ratio * A)  # A (N,) times (N, T) fails
+    assert result.points == 0
+    result = grading.check_masked_mean(masked_mean(torch.ones(2, 2), torch.ones(2, 2)))  # called, not passed
+    assert result.points == 0 and "pass the function itself" in result.cases[0].message
+
+
+def test_results_are_recorded_in_the_grade_file(tmp_path, monkeypatch):
+    record = tmp_path / "grade.jsonl"
+    monkeypatch.setenv(grading.GRADE_FILE_ENV, str(record))
+    grading.check_kl_k3(lambda a, b: kl_penalty(a, b, "k3"))
+    grading.check_kl_k3(kl_reversed)
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(r["check"], r["points"], r["max_points"]) for r in lines] == [("check_kl_k3", 3, 3), ("check_kl_k3", 0, 3)]
+    assert [c["passed"] for c in lines[1]["cases"]] == [False, False, False]
+
+
+def test_failure_mode_runs_show_their_bugs_signatures():
+    runs = {name: grading.planted_bug_run(name, max_steps=1) for name in ("healthy", "A", "B", "C", "D")}
+    first = {name: history[0] for name, history in runs.items()}
+    assert abs(first["healthy"]["diagnostics/nll_minus_entropy"]) < 0.5
+    assert abs(first["healthy"]["diagnostics/advantage_std_in_group"] - 1) < 1e-2
+    assert abs(first["A"]["diagnostics/advantage_std_in_group"] - 1) > 0.05  # batch_std
+    assert first["B"]["diagnostics/nll_minus_entropy"] > 2  # shifted_logps
+    assert first["C"]["grad_norm"] == 0.0 and first["healthy"]["grad_norm"] > 0  # wrong_detach
+    D = first["D"]  # prompt_in_mask
+    assert D["diagnostics/loss_tokens_per_completion"] > 2 * D["completions/mean_length"]
+    assert "nll-H" in grading.diagnostics_table(runs)
+
+
+def test_the_healthy_planted_bug_trainer_matches_the_package():
+    """With no bug, the failure-mode trainer's loss and gradient norm are GRPOTrainer's."""
+    import tempfile
+
+    from minigrpo.models import make_reference_model
+    from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
+
+    batch = make_arithmetic_dataset(4, "train", seed=5)[:4]
+    with tempfile.TemporaryDirectory() as tmp:
+        config = grading.small_grpo_config(tmp)
+        model, tokenizer = grading.tiny_model_and_tokenizer()
+        (want,), _ = grading.reference_grpo_steps(model, tokenizer, [batch], config, [3])
+        model, tokenizer = grading.tiny_model_and_tokenizer()
+        ref_model = make_reference_model(model)
+        trainer = grading._make_planted_bug_trainer()(
+            model,
+            tokenizer,
+            [correctness_reward, format_reward],
+            make_arithmetic_dataset(16),
+            config,
+            ref_model=ref_model,
+        )
+        rollout, rewards = grading._seeded_rollout(model, tokenizer, batch, config, ref_model, 3)
+        got = trainer.optimize(rollout, rewards)
+    assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
+    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+
+
+# --- the grade command --------------------------------------------------------------------
+def broken_notebook() -> nbformat.NotebookNode:
+    """A learner's notebook: one check gets a crashing function, the next check's cell fails before it runs."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("def kl_k3(a, b):\n    return 1 / 0"),
+        nbformat.v4.new_code_cell("from minigrpo.grading import check_kl_k3\n\ncheck_kl_k3(kl_k3)"),
+        nbformat.v4.new_code_cell(
+            "from minigrpo.grading import check_masked_mean\n\ncheck_masked_mean(undefined_name)"
+        ),
+    ]
+    return nb
+
+
+def run_grade(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minigrpo", "grade", *map(str, args)], capture_output=True, text=True)
+
+
+def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
+    """One grading run (its notebooks in parallel): solutions/, exercises/ and a broken notebook."""
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")
+    (tmp_path / "broken").mkdir()
+    nbformat.write(broken_notebook(), tmp_path / "broken" / "broken.ipynb")
+    result = run_grade(tmp_path, "--json", "--timeout", 300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    by_folder = {}
+    for notebook in report["notebooks"]:
+        folder = Path(notebook["path"]).parent.name
+        by_folder.setdefault(folder, []).append(notebook)
+        assert notebook["status"] == "ok", notebook
+    solutions, exercises = by_folder["solutions"], by_folder["exercises"]
+    assert len(solutions) == len(exercises) == len(list((ROOT / "solutions").glob("*.ipynb")))
+    for notebook in solutions:
+        assert notebook["points"] == notebook["max_points"] > 0, notebook
+        assert notebook["errors"] == [], notebook
+    for notebook in exercises:
+        assert notebook["points"] == 0 and notebook["max_points"] > 0, notebook
+        checks = {c["check"] for c in notebook["checks"]}
+        solution = next(s for s in solutions if Path(s["path"]).name == Path(notebook["path"]).name)
+        assert checks == {c["check"] for c in solution["checks"]}  # every check ran, and failed
+    total_solution_points = sum(n["max_points"] for n in solutions)
+    assert total_solution_points == sum(grading.max_points(name) for name in grading.CASES)
+    (broken,) = by_folder["broken"]
+    crashed, not_run = broken["checks"]
+    assert crashed["check"] == "check_kl_k3" and crashed["points"] == 0
+    assert all(c["message"] == "your code raised ZeroDivisionError: division by zero" for c in crashed["cases"])
+    assert not_run["check"] == "check_masked_mean" and not_run["points"] == 0 and not_run["max_points"] == 3
+    assert "NameError" in not_run["not_run"]
+    assert report["points"] == total_solution_points and report["max_points"] == 2 * total_solution_points + 6
+
+
+def test_the_score_table_lists_exercise_points_max_and_total(tmp_path):
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(broken_notebook(), path)
+    report = grading.NotebookReport(str(path), checks=[])
+    grading.collect(nbformat.read(path, as_version=4), tmp_path / "none.jsonl", report)
+    table = grading.format_scores([report])
+    assert re.search(r"broken\s+check_kl_k3\s+0\s+3", table)
+    assert re.search(r"total\s+0\s+6", table)
+    assert "check_masked_mean: did not run" in table
+
+
+def test_a_notebook_that_runs_out_of_time_is_graded_not_crashed(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import time\ntime.sleep(60)"),
+        nbformat.v4.new_code_cell("check_kl_k3(kl_k3)"),
+    ]
+    path = tmp_path / "slow.ipynb"
+    nbformat.write(nb, path)
+    (report,) = grading.grade_notebooks([path], timeout=4)
+    assert report.status == "timed out"
+    assert report.points == 0 and report.max_points == 3
+    assert "timed out" in report.checks[0]["not_run"]
+
+
+def test_exit_codes_for_a_bad_path(tmp_path, capsys):
+    assert grading.grade_command(str(tmp_path / "missing.ipynb")) == 2
+    assert grading.grade_command(str(tmp_path)) == 2  # a folder without notebooks
+    (tmp_path / "notes.txt").write_text("x")
+    assert grading.grade_command(str(tmp_path / "notes.txt")) == 2
+    assert "error:" in capsys.readouterr().err
