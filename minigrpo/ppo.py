@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import re
 import subprocess
@@ -79,7 +80,7 @@ def per_token_rewards(
     """
     assert per_token_kl.shape == mask.shape, "per_token_kl and mask must both be (N, T)"
     assert sequence_rewards.shape == mask.shape[:1], "sequence_rewards must be (N,)"
-    rewards = -beta * per_token_kl * mask  # (N, T)
+    rewards = torch.where(mask.bool(), -beta * per_token_kl, torch.zeros_like(per_token_kl))  # (N, T)
     last = last_token_index(mask).unsqueeze(1)  # (N, 1)
     return rewards.scatter_add(1, last, sequence_rewards.to(rewards.dtype).unsqueeze(1))  # (N, T)
 
@@ -559,6 +560,11 @@ def run_algorithm(
     config_class, trainer_class = (GRPOConfig, GRPOTrainer) if algorithm == "grpo" else (PPOConfig, PPOTrainer)
     preset = config_class.tiny_cpu if model == "tiny" else config_class.qwen_t4
     overrides = {"reward_weights": BENCH_REWARD_WEIGHTS, "save_steps": 0, **(config_overrides or {})}
+    if "per_device_train_batch_size" not in overrides:  # the preset's micro-batch must divide N = B * G
+        defaults = preset()
+        n = overrides.get("prompts_per_step", defaults.prompts_per_step)
+        n *= overrides.get("num_generations", defaults.num_generations)
+        overrides["per_device_train_batch_size"] = math.gcd(n, defaults.per_device_train_batch_size)
     config = preset(**{**overrides, "output_dir": f"{output_dir}/{algorithm}"})
     reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
     trainer = trainer_class(policy, tokenizer, reward_funcs, train_data, config, eval_dataset=eval_data)
@@ -596,12 +602,14 @@ def compare_ppo_grpo(
     eval_size: int = 200,
     output_dir: str = "runs/ppo_vs_grpo",
     verbose: bool = True,
+    ppo_overrides: dict | None = None,
     **config_overrides,
 ) -> dict:
     """GRPO and PPO on the same model, task, prompts and completions per step, each in a fresh process.
 
     A fresh Python process per algorithm, so that one's freed memory cannot
-    hide the other's peak. Returns {"device", "model", "algorithms": {"grpo":
+    hide the other's peak. `config_overrides` go to both configs, `ppo_overrides` (critic_learning_rate, lam,
+    vf_coef, ...) to PPO's only. Returns {"device", "model", "algorithms": {"grpo":
     {...}, "ppo": {...}}} with, per algorithm, parameters per model, peak
     memory, seconds per step (rollout / scoring / update) and the reward and
     held-out accuracy curves against generated completions.
@@ -614,7 +622,7 @@ def compare_ppo_grpo(
         arguments = dict(
             algorithm=algorithm,
             model=model,
-            config_overrides=overrides,
+            config_overrides={**overrides, **(ppo_overrides or {})} if algorithm == "ppo" else overrides,
             train_size=train_size,
             eval_size=eval_size,
             output_dir=output_dir,
@@ -622,13 +630,21 @@ def compare_ppo_grpo(
         with tempfile.TemporaryDirectory() as folder:
             out = os.path.join(folder, "result.json")
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(arguments), out], capture_output=True)
+            command = [sys.executable, "-c", _CHILD, json.dumps(arguments), out]
+            done = subprocess.run(command, capture_output=True, env=_child_environment())
             if done.returncode != 0:
                 raise RuntimeError(f"the {algorithm} run failed:\n{done.stderr.decode()[-3000:]}")
             results["algorithms"][algorithm] = json.load(open(out))
         if verbose:
             print(f"{algorithm}: {max_steps} steps in {time.perf_counter() - started:.0f} s (fresh process)")
     return results
+
+
+def _child_environment() -> dict:
+    """This process's environment, with this copy of minigrpo first on the path (works without installing)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
 
 
 def summary(results: dict) -> dict:
