@@ -196,12 +196,13 @@ def prompts_dataset(n: int):
 
 
 def varied_prompts(n: int):
-    """n prompts whose answers have 1, 2, 3, 1, 2, ... digits, so completion lengths differ."""
+    """n prompts whose answers have 1, 2, 3, 2, 3, ... digits, so completion lengths differ."""
     full = prompts_dataset(400)
     answers, picks = full["answer"], []
     for k in range(n):
-        digits = 1 + k % 3
-        picks.append(next(i for i, a in enumerate(answers) if len(a) == digits and i not in picks))
+        digits = 1 if k == 0 else 2 + (k - 1) % 2
+        unused = [i for i in range(len(answers)) if i not in picks]
+        picks.append(next((i for i in unused if len(answers[i]) == digits), unused[0]))
     return full.select(picks)
 
 
