@@ -3,6 +3,7 @@
     python scripts/stamp_colab.py            # notebooks/, solutions/, exercises/ (idempotent)
     python scripts/stamp_colab.py --check    # exit 1 if a notebook is not stamped as it should be
     python scripts/stamp_colab.py notebooks/00_tour_and_setup.ipynb
+    python scripts/stamp_colab.py --clean    # also: clear outputs except in NBVAL_CHECK_OUTPUT cells
 
 The repository URL lives in one place, minigrpo.course.REPOSITORY_URL (and the
 install command in minigrpo.course.COLAB_INSTALL); this script writes them into
@@ -101,6 +102,24 @@ def stamp_notebook(nb, relative_path: str, repository_url: str, colab_install: s
     return changed
 
 
+def clean_outputs(nb) -> bool:
+    """Clear every output and execution count, except in NBVAL_CHECK_OUTPUT cells: those keep their outputs (what
+    nbval compares) and get the execution count a fresh top-to-bottom run gives them (nbval skips a cell without
+    one, and fails one that has outputs but no count). Returns True if nb changed."""
+    before = nbformat.writes(nb)
+    code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for number, cell in enumerate(code_cells, start=1):
+        cell.metadata.pop("execution", None)
+        if "NBVAL_CHECK_OUTPUT" in cell.source and cell.outputs:
+            cell.execution_count = number
+            for output in cell.outputs:
+                if "execution_count" in output:
+                    output.execution_count = number
+        else:
+            cell.outputs, cell.execution_count = [], None
+    return nbformat.writes(nb) != before
+
+
 def course_notebooks(root: Path = ROOT) -> list[Path]:
     """Every .ipynb under notebooks/, solutions/ and exercises/ (checkpoint folders excluded)."""
     paths = []
@@ -113,12 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, help="notebooks to stamp (default: all course notebooks)")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook needs stamping")
+    parser.add_argument("--clean", action="store_true", help="also clear outputs except in NBVAL_CHECK_OUTPUT cells")
     args = parser.parse_args(argv)
     repository_url, colab_install = course_constants()
     stale = []
     for path in [p.resolve() for p in args.paths] or course_notebooks():
         nb = nbformat.read(path, as_version=4)
-        if stamp_notebook(nb, path.relative_to(ROOT).as_posix(), repository_url, colab_install):
+        stamped = stamp_notebook(nb, path.relative_to(ROOT).as_posix(), repository_url, colab_install)
+        if stamped | (args.clean and clean_outputs(nb)):
             stale.append(path.relative_to(ROOT))
             if not args.check:
                 nbformat.write(nb, path)

@@ -106,6 +106,18 @@ def test_stamping_is_idempotent(tmp_path):
     assert "github/someone/fork/blob/main/notebooks/x.ipynb" in nb.cells[0].source
 
 
+def test_clean_outputs_keeps_only_checked_outputs_with_their_counts():
+    checked = nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)", execution_count=7)
+    checked.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    other = nbformat.v4.new_code_cell("print(2)", execution_count=3)
+    other.outputs = [nbformat.v4.new_output("stream", name="stdout", text="2\n")]
+    nb = nbformat.v4.new_notebook(cells=[other, checked])
+    assert stamp_colab.clean_outputs(nb)
+    assert other.outputs == [] and other.execution_count is None
+    assert checked.outputs[0].text == "1\n" and checked.execution_count == 2  # its place in a fresh run
+    assert not stamp_colab.clean_outputs(nb)
+
+
 def test_colab_url_comes_from_the_repository_url():
     url = stamp_colab.colab_url("https://github.com/a/b", "notebooks/00_tour_and_setup.ipynb")
     assert url == "https://colab.research.google.com/github/a/b/blob/main/notebooks/00_tour_and_setup.ipynb"
