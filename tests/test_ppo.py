@@ -138,12 +138,12 @@ def test_config_messages_name_the_value_and_the_fix():
 @pytest.fixture
 def ppo_config(small_config):
     fields = {k: v for k, v in small_config.__dict__.items() if k != "kl_estimator"}  # keep PPO's k1
-    return PPOConfig(**{**fields, "critic_learning_rate": 1e-3, "max_steps": 3, "save_steps": 0})
+    return PPOConfig(**{**fields, "critic_learning_rate": 1e-3, "max_steps": 2, "save_steps": 0})
 
 
 def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_dataset, eval_dataset, ppo_config):
     model, tokenizer = tiny
-    config = ppo_config.replace(eval_steps=3)
+    config = ppo_config.replace(eval_steps=2)  # 2 steps: the critic's zero head passes no gradient back at step 1
     trainer = PPOTrainer(model, tokenizer, [correctness_reward, format_reward], train_dataset, config, eval_dataset)
     policy_before = {n: p.detach().clone() for n, p in model.named_parameters()}
     critic_before = {n: p.detach().clone() for n, p in trainer.critic.named_parameters()}
@@ -152,28 +152,28 @@ def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_
     assert all(not torch.equal(p, critic_before[n]) for n, p in trainer.critic.named_parameters())
     assert [group["lr"] for group in trainer.optimizer.param_groups] == [config.learning_rate, 1e-3]
     rows = [json.loads(line) for line in open(f"{config.output_dir}/metrics.jsonl")]
-    assert [r["step"] for r in rows] == [m["step"] for m in history] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [m["step"] for m in history] == [1, 2]
     keys = ["reward", "rewards/correctness_reward/mean", "kl", "entropy", "loss", "loss/value", "grad_norm"]
     keys += ["clip_ratio/region_mean", "completions/mean_length", "time/rollout", "time/update", "time/scoring"]
     assert [key for key in keys if key not in rows[0]] == []
-    assert 0.0 <= rows[2]["eval/accuracy"] <= 1.0
+    assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0 and "eval/accuracy" not in rows[0]
 
 
 def test_ppo_resume_restores_the_critic(tiny, train_dataset, ppo_config, tmp_path):
     model, tokenizer = tiny
     initial = {n: p.detach().clone() for n, p in model.state_dict().items()}
-    config = ppo_config.replace(max_steps=4, save_steps=2)
+    config = ppo_config.replace(max_steps=2, save_steps=1)
     uninterrupted = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
     uninterrupted.train()
-    assert (tmp_path / "run" / "checkpoint-2" / "critic" / "model.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoint-1" / "critic" / "model.safetensors").exists()
     expected_policy = {n: p.detach().clone() for n, p in model.state_dict().items()}
     expected_critic = {n: p.detach().clone() for n, p in uninterrupted.critic.state_dict().items()}
 
-    model.load_state_dict(initial)  # a fresh process: a fresh critic, weights from checkpoint-2
+    model.load_state_dict(initial)  # a fresh process: a fresh critic, weights from checkpoint-1
     resumed = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
     assert torch.all(resumed.critic.value_head.weight == 0)
-    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
-    assert resumed.step == 4
+    resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))
+    assert resumed.step == 2
     for name, value in resumed.critic.state_dict().items():
         torch.testing.assert_close(value, expected_critic[name], atol=1e-6, rtol=0)
     for name, value in model.state_dict().items():
@@ -190,8 +190,9 @@ def test_ppo_and_grpo_share_the_rollout_code(tiny, train_dataset, small_config, 
         return real(*args, **kwargs)
 
     monkeypatch.setattr(minigrpo.trainer, "sample_group_rollout", spy)
-    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(max_steps=1)).train()
-    PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, ppo_config.replace(max_steps=1)).train()
+    one_step = dict(max_steps=1, save_steps=0, prompts_per_step=2)
+    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(**one_step)).train()
+    PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, ppo_config.replace(**one_step)).train()
     assert [type(c).__name__ for c in calls] == ["GRPOConfig", "PPOConfig"]
     assert PPOTrainer.collect_rollout is Trainer.collect_rollout is GRPOTrainer.collect_rollout
     assert PPOTrainer.train is GRPOTrainer.train
