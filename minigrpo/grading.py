@@ -1062,6 +1062,18 @@ def check_compute_gae(compute_gae: Callable) -> CheckResult:
     return run_check("check_compute_gae", compute_gae)
 
 
+@contextlib.contextmanager
+def single_thread():
+    """torch on one thread for the tiny model: its ops are too small to gain from threads, and threads spin
+    badly when the CPUs are shared (a notebook, a test suite and a grader at once)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 # =====================================================================================
 # 08 one full GRPO step on the tiny model
 # =====================================================================================
@@ -1137,7 +1149,7 @@ def _grpo_step_cases() -> list[Case]:
 
     def compare(overrides: dict, seeds: list[int]):
         def run(learner):
-            with tempfile.TemporaryDirectory() as tmp:
+            with tempfile.TemporaryDirectory() as tmp, single_thread():
                 config = small_grpo_config(tmp, **overrides)
                 data = make_arithmetic_dataset(4 * len(seeds), "train", seed=7)
                 batches = [data[4 * i : 4 * i + 4] for i in range(len(seeds))]
@@ -1312,7 +1324,7 @@ def _step_one_cases() -> list[Case]:
     lengths = torch.randint(1, 25, (12,), generator=g)
 
     def observed(learner):
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, single_thread():
             from minigrpo.tasks.arithmetic import make_arithmetic_dataset
 
             batch = make_arithmetic_dataset(4, "train", seed=5)[:4]
@@ -1523,8 +1535,8 @@ def planted_bug_run(run: str, max_steps: int, seed: int = 0) -> list[dict]:
             ref_model=make_reference_model(model),
         )
         trainer.bug = None if run == "healthy" else _MYSTERY_RUNS[run]
-        with contextlib.redirect_stderr(open(os.devnull, "w")):  # no progress bar in the notebook
-            return trainer.train()
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull), single_thread():
+            return trainer.train()  # no progress bar in the notebook
 
 
 def diagnostics_table(histories: dict[str, list[dict]], steps: Sequence[int] | None = None) -> str:
