@@ -202,9 +202,15 @@ class Trainer:
         else:
             random.seed(self.config.seed)
             torch.manual_seed(self.config.seed)
-            (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+            self._clear_previous_run()
         self.model.train()
-        progress = tqdm(total=self.config.max_steps, initial=self.step, desc="GRPO", unit="step", dynamic_ncols=True)
+        progress = tqdm(
+            total=self.config.max_steps,
+            initial=self.step,
+            desc=type(self).__name__.removesuffix("Trainer"),
+            unit="step",
+            dynamic_ncols=True,
+        )
         while self.step < self.config.max_steps:
             metrics = self._guarded_step()
             self.step += 1
@@ -217,6 +223,16 @@ class Trainer:
             progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/accuracy") if k in metrics})
         progress.close()
         return self.history
+
+    def _clear_previous_run(self) -> None:
+        """A fresh run owns its output_dir: an earlier run's metrics and checkpoints would otherwise be
+        resumed from (resume picks the highest step) or keep this run's newer checkpoints from rotating."""
+        (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+        stale = sorted(self.output_dir.glob("checkpoint-*"), key=_checkpoint_step)
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        if stale:
+            print(f"new run in {self.output_dir}: removed {len(stale)} checkpoint(s) of an earlier run")
 
     def _due(self, every: int) -> bool:
         return self.step == self.config.max_steps or (every > 0 and self.step % every == 0)

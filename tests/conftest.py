@@ -1,14 +1,8 @@
-"""Shared fixtures: the bundled tiny Qwen (offline), small datasets and configs."""
-
-import os
+"""Shared fixtures: the bundled tiny Qwen (offline), small datasets and configs. (../conftest.py: offline, quick.)"""
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing in the tests may download
-os.environ.setdefault("MINIGRPO_QUICK", "1")  # notebooks run by nbval (kernels inherit this) use short runs
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-from minigrpo import GRPOConfig, load_model_and_tokenizer, make_arithmetic_dataset  # noqa: E402
+from minigrpo import GRPOConfig, load_model_and_tokenizer, make_arithmetic_dataset
 
 
 @pytest.fixture

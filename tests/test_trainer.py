@@ -155,3 +155,15 @@ def test_learning_rate_schedule(tiny, train_dataset, small_config):
     assert [trainer._lr_factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
     constant = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
     assert {constant._lr_factor(s) for s in range(10)} == {1.0}
+
+
+def test_a_fresh_run_removes_an_earlier_runs_checkpoints(tiny, train_dataset, small_config):
+    model, tokenizer = tiny
+    stale = small_config.output_dir + "/checkpoint-99"
+    import os
+
+    os.makedirs(stale)
+    open(stale + "/trainer_state.pt", "w").close()
+    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(max_steps=2)).train()
+    assert latest_checkpoint(small_config.output_dir).name == "checkpoint-2"
+    assert not os.path.exists(stale)

@@ -1,0 +1,13 @@
+"""Every pytest run (unit tests, and nbval over notebooks/ and solutions/) is offline and in quick mode.
+
+nbval's kernels inherit this process's environment, so the notebooks see the same settings. Being at the
+root, this applies to `python -m pytest`, `pytest notebooks/` and `pytest solutions/` alike. A learner's
+Jupyter never reads it.
+"""
+
+import os
+
+os.environ.setdefault("MINIGRPO_QUICK", "1")  # minigrpo.course.QUICK: short training runs
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in CI logs
