@@ -131,10 +131,7 @@ def qwen_shape_tokenizer():
     A random-init model samples any of the 151,936 ids, so every id must decode; the filler ids decode
     to short strings. The prompts are character-level (~40 tokens), close to Qwen's real prompt length.
     """
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    from minigrpo.models import CHARACTERS, CHAT_TEMPLATE
+    from minigrpo.models import CHARACTERS, character_tokenizer
 
     vocab = {c: i for i, c in enumerate(CHARACTERS)}  # characters take ids 0..len-1
     for i in range(len(CHARACTERS), QWEN25_05B_CONFIG["vocab_size"]):
@@ -143,18 +140,7 @@ def qwen_shape_tokenizer():
         del vocab[f"<f{i}>"]
         vocab[token] = i
     vocab["<unk>"] = vocab.pop(f"<f{len(CHARACTERS)}>")
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        additional_special_tokens=["<|im_start|>"],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.init_kwargs["minigrpo_tiny"] = True  # load it back exactly as saved (see models.load_tokenizer)
-    return tokenizer
+    return character_tokenizer(vocab, model_max_length=131_072)  # Qwen2.5's tokenizer limit
 
 
 def prepare_model_dir(name: str, folder: Path) -> str:

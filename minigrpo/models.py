@@ -79,9 +79,13 @@ def default_model_name() -> str:
 # --- the tiny Qwen ------------------------------------------------------------------
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A character-level tokenizer with Qwen's chat special tokens and chat template."""
+    return character_tokenizer({token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)})
+
+
+def character_tokenizer(vocab: dict[str, int], model_max_length: int = 512) -> PreTrainedTokenizerFast:
+    """One token per character of `vocab` (which must hold Qwen's chat tokens and "<unk>"), Qwen's chat template."""
     from tokenizers import Tokenizer, decoders, models
 
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
     # BPE with no merges = one token per character; Fuse() joins them back without spaces.
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.decoder = decoders.Fuse()
@@ -91,7 +95,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         pad_token="<|endoftext|>",
         unk_token="<unk>",
         additional_special_tokens=["<|im_start|>"],
-        model_max_length=512,
+        model_max_length=model_max_length,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.init_kwargs["minigrpo_tiny"] = True  # saved in tokenizer_config.json; see load_tokenizer
