@@ -19,8 +19,6 @@ import typing
 from minigrpo.config import GRPOConfig
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
-# Training reward: the sum is right (1) plus a small bonus for the <answer> format (0.1).
-REWARD_WEIGHTS = [1.0, 0.1]
 
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
@@ -71,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_config(model_name: str, overrides: dict) -> GRPOConfig:
     """The preset for the model (tiny on CPU, T4-safe for a real Qwen), with command-line overrides."""
-    preset = GRPOConfig.tiny_cpu if model_name == "tiny" else GRPOConfig.qwen_t4
-    overrides = {"reward_weights": REWARD_WEIGHTS, **overrides}
-    return preset(**overrides)
+    from minigrpo.tasks.arithmetic import REWARD_WEIGHTS
+
+    return GRPOConfig.for_model(model_name, **{"reward_weights": list(REWARD_WEIGHTS), **overrides})
 
 
 def run_train(args: argparse.Namespace) -> None:

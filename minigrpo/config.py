@@ -222,6 +222,13 @@ class GRPOConfig:
         return cls(**{**preset, **overrides})
 
     @classmethod
+    def for_model(cls, model_name: str, **overrides) -> GRPOConfig:
+        """The preset for a model: tiny_cpu() for the bundled "tiny" model, qwen_t4() for anything else
+        (a Hub id or a local path of a real Qwen). The one place that choice is made."""
+        preset = cls.tiny_cpu if model_name == "tiny" else cls.qwen_t4
+        return preset(**overrides)
+
+    @classmethod
     def qwen_t4(cls, **overrides) -> GRPOConfig:
         """Qwen2.5-0.5B-Instruct on a free Colab T4 (15 GB, fp16 weights, no bf16)."""
         preset = dict(

@@ -41,8 +41,7 @@ def steps(full: int, quick: int) -> int:
 
 def course_config(**overrides) -> GRPOConfig:
     """The preset that fits this machine: tiny_cpu() on a CPU, qwen_t4() (fits a 15 GB T4) on a GPU."""
-    preset = GRPOConfig.qwen_t4 if model_name() == QWEN_MODEL_ID else GRPOConfig.tiny_cpu
-    return preset(**overrides)
+    return GRPOConfig.for_model(model_name(), **overrides)
 
 
 def describe() -> str:

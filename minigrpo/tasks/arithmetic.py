@@ -24,6 +24,9 @@ from datasets import Dataset
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 FORMAT_INSTRUCTION = "Give the answer in <answer></answer> tags."
+# The training reward of `python -m minigrpo train`, the lessons and the benches: [correctness_reward,
+# format_reward] weighted 1 and 0.1 (a right sum is worth 1, the <answer> format a small 0.1 bonus).
+REWARD_WEIGHTS = (1.0, 0.1)
 
 # A number: optional minus sign, then digits. Bounded repetition keeps the
 # regex linear-time on any input (no nested quantifiers).
@@ -171,3 +174,4 @@ WORKED_EXAMPLE_COMPLETIONS = [
     "The answer is <answer>19",  # unclosed tag: 0
     "<answer>21</answer>",  # well-formed, wrong: 1
 ]
+WORKED_EXAMPLE_REWARDS = (2.0, 1.0, 0.0, 2.0, 0.0, 1.0, 0.0, 1.0)  # graded_reward of WORKED_EXAMPLE_COMPLETIONS
