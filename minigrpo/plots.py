@@ -88,6 +88,31 @@ def plot_training_curves(
     return fig
 
 
+def plot_variant_comparison(
+    histories: dict[str, Sequence[dict]], keys: Sequence[str], title: str | None = None
+) -> Figure:
+    """One panel per metric in `keys`, one line per run in `histories` ({name: history}). Returns the figure.
+
+    A metric no run logged gives an empty panel, not an error (lesson 07: only
+    DAPO logs dynamic_sampling/kept_fraction).
+    """
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for name, history in histories.items():
+            points = [(m["step"], m[key]) for m in history if key in m]
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, marker="o" if len(points) < 8 else None, ms=3, label=name)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 # --- advantages ---------------------------------------------------------------------
 def plot_group_advantages(
     rewards,

@@ -25,9 +25,7 @@ from minigrpo.plots import (
     plot_kl_estimators,
     shifted_distributions,
 )
-from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_COMPLETIONS
-
-WORKED_EXAMPLE_REWARDS = (2.0, 1.0, 0.0, 2.0, 0.0, 1.0, 0.0, 1.0)  # graded_reward of WORKED_EXAMPLE_COMPLETIONS
+from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_COMPLETIONS, WORKED_EXAMPLE_REWARDS
 
 
 # --- the computations (plain functions) -------------------------------------------------

@@ -25,10 +25,12 @@ from minigrpo.plots import (  # noqa: E402
     plot_kl_estimators,
     plot_ppo_vs_grpo,
     plot_training_curves,
+    plot_variant_comparison,
     shifted_distributions,
 )
+from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS  # noqa: E402
 
-WORKED = [2.0, 1.0, 0.0, 2.0, 0.0, 1.0, 0.0, 1.0]
+WORKED = list(WORKED_EXAMPLE_REWARDS)
 
 
 @pytest.fixture(autouse=True)
@@ -211,3 +213,12 @@ def test_plot_ppo_vs_grpo_panels_show_the_results():
     assert [line.get_label() for line in reward.lines] == ["grpo", "ppo"]
     assert list(reward.lines[1].get_ydata()) == pytest.approx([0.3, 0.35, 0.45])
     assert "tiny" in fig._suptitle.get_text() and "cpu" in fig._suptitle.get_text()
+
+
+def test_plot_variant_comparison_draws_one_line_per_run():
+    histories = {"a": [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.2}], "b": [{"step": 1, "reward": 0.3}]}
+    fig = plot_variant_comparison(histories, ["reward", "kl"], title="t")
+    reward_ax, kl_ax = fig.axes
+    assert [line.get_label() for line in reward_ax.lines] == ["a", "b"]
+    assert reward_ax.lines[0].get_ydata().tolist() == [0.1, 0.2]
+    assert len(kl_ax.lines) == 0  # no run logged kl: an empty panel, not an error

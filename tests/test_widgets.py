@@ -10,8 +10,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS  # noqa: E402
 from minigrpo.widgets import (  # noqa: E402
-    WORKED_EXAMPLE_REWARDS,
     advantage_table,
     clipping_explorer,
     clipping_table,
