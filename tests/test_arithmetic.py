@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from minigrpo.tasks import arithmetic
 from minigrpo.tasks.arithmetic import (
+    MAX_ANSWER_DIGITS,
     WORKED_EXAMPLE_ANSWER,
     WORKED_EXAMPLE_COMPLETIONS,
     correctness_reward,
@@ -15,7 +16,9 @@ from minigrpo.tasks.arithmetic import (
     format_reward,
     graded_reward,
     is_test_problem,
+    is_well_formed,
     make_arithmetic_dataset,
+    parse_integer,
 )
 
 
@@ -70,6 +73,69 @@ def test_extract_answer(text, lenient, strict):
     assert extract_answer(text, require_tag=True) == strict
 
 
+LONG_NUMBER_ENDING_IN_19 = "1" * 31 + "19"
+
+
+@pytest.mark.parametrize(
+    "text, lenient, strict",
+    [
+        # Not integers: the whole token is rejected, never cut down to the integer inside it.
+        ("5.0", None, None),
+        ("19.5", None, None),
+        ("12 + 7 = 19.5", None, None),  # the last token decides: not 7
+        (".5", None, None),
+        ("1,000", None, None),
+        ("1e309", None, None),
+        ("1e-5", None, None),
+        ("1E+3", None, None),
+        ("1e5e3", None, None),
+        (LONG_NUMBER_ENDING_IN_19, None, None),
+        ("9" * (MAX_ANSWER_DIGITS + 1), None, None),
+        ("\uff11\uff19", None, None),  # full-width 19
+        ("\u0661\u0669", None, None),  # Arabic-Indic 19
+        ("1\u0669", None, None),  # ASCII 1 then an Arabic-Indic 9
+        ("<answer>19.5</answer>", None, None),
+        ("<answer>5.0</answer> 4", None, None),  # a tag decides, even when it holds no integer
+        (f"<answer>{LONG_NUMBER_ENDING_IN_19}</answer>", None, None),
+        ("<answer>\uff11\uff19</answer>", None, None),
+        # Integers, with punctuation around them.
+        ("It is 19.", 19, None),
+        ("19, so the answer", 19, None),
+        ("12-5", -5, None),
+        ("9" * MAX_ANSWER_DIGITS, int("9" * MAX_ANSWER_DIGITS), None),
+        ("<answer>19</answer>.", 19, 19),
+    ],
+)
+def test_only_ascii_integers_are_answers(text, lenient, strict):
+    assert extract_answer(text) == lenient
+    assert extract_answer(text, require_tag=True) == strict
+
+
+@pytest.mark.parametrize(
+    "token, value", [("19", 19), ("-4", -4), ("007", 7), ("5.0", None), ("1,000", None), ("1e3", None), ("", None)]
+)
+def test_parse_integer(token, value):
+    assert parse_integer(token) == value
+
+
+@pytest.mark.parametrize(
+    "answer_text",
+    ["5.0", "19.5", "1,000", "1e309", LONG_NUMBER_ENDING_IN_19, "\uff11\uff19", "\u0661\u0669", "1\u0669"],
+)
+def test_non_integers_earn_no_reward(answer_text):
+    text = f"<answer>{answer_text}</answer>"
+    assert not is_well_formed(text)
+    assert format_reward([None], [text]) == [0.0]
+    assert correctness_reward([None], [text], answer=["19"]) == [0.0]
+    assert correctness_reward([None], [f"The answer is {answer_text}"], answer=["19"]) == [0.0]
+    assert graded_reward([None], [text], answer=["19"]) == [0.0]
+
+
+def test_a_stray_closing_tag_is_not_well_formed():
+    assert not is_well_formed("<answer>19</answer></answer>")
+    assert is_well_formed("<answer>19</answer>  \n")
+
+
 def test_extract_answer_never_calls_eval(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("eval() must never see model output")
@@ -85,7 +151,7 @@ def test_extract_answer_never_calls_eval(monkeypatch):
 @given(st.text())
 def test_parsing_arbitrary_text_never_raises(text):
     value = extract_answer(text)
-    assert value is None or isinstance(value, int)
+    assert value is None or (isinstance(value, int) and abs(value) < 10**MAX_ANSWER_DIGITS)
     assert extract_answer(text, require_tag=True) is None or "<answer>" in text
     assert format_reward([text], [text])[0] in (0.0, 1.0)
     assert graded_reward([text], [text], answer=["7"])[0] in (0.0, 1.0, 2.0)

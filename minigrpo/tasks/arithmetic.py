@@ -1,4 +1,4 @@
-"""The arithmetic task: seeded problems, the prompt, answer parsing and rewards.
+r"""The arithmetic task: seeded problems, the prompt, answer parsing and rewards.
 
 A problem is "12 + 7"; the model is asked to put its final answer in
 ``<answer></answer>`` tags. The reward functions have TRL's signature
@@ -11,6 +11,27 @@ so the same functions plug into minigrpo's trainer and into TRL's GRPOTrainer.
 
 Model output is parsed with regular expressions into an int. It is never
 passed to ``eval()``: a completion is untrusted text (``"__import__('os')"``).
+
+What counts as an answer (one rule for extraction and for the format reward):
+
+* An answer is an ASCII integer, ``-?[0-9]{1,18}`` (at most MAX_ANSWER_DIGITS
+  digits, so it always fits in an int64), standing alone as a number-like token.
+* A number-like token is a run of digits with its sign, separators and
+  exponent: ``19``, ``-4``, ``5.0``, ``19.5``, ``.5``, ``1,000``, ``1e309``,
+  ``１９`` (full-width), ``١٩`` (Arabic-Indic). Only the first two are integers;
+  every other token is read as "not an integer", so the answer is None. It is
+  never cut down to the integer hiding inside it ("19.5" is not 5, "1,000" is
+  not 0, "1e309" is not 309, a 31-digit number ending in 19 is not 19).
+* "5.0" is None too, not 5: the task asks for an integer, and "no integer"
+  is the simpler honest reading than deciding which decimals are whole.
+* A final full stop or comma is punctuation, not a decimal: "It is 19." is 19
+  and "19, so" is 19 (a separator counts only with a digit after it).
+* The last token decides: "12 + 7 = 19.5" is None, not 7. ``12-5`` is read
+  as the tokens 12 and -5 (the minus sign belongs to the number after it).
+
+Why so strict: Python's ``\d`` matches every Unicode digit, and an unanchored
+``-?\d+`` finds an integer inside any longer number; both let a completion
+that never wrote the right integer earn the reward.
 """
 
 from __future__ import annotations
@@ -28,12 +49,19 @@ FORMAT_INSTRUCTION = "Give the answer in <answer></answer> tags."
 # format_reward] weighted 1 and 0.1 (a right sum is worth 1, the <answer> format a small 0.1 bonus).
 REWARD_WEIGHTS = (1.0, 0.1)
 
-# A number: optional minus sign, then digits. Bounded repetition keeps the
-# regex linear-time on any input (no nested quantifiers).
-_NUMBER = r"-?\d{1,30}"
-_TAG_RE = re.compile(rf"<answer>\s{{0,10}}({_NUMBER})\s{{0,10}}</answer>")
-_LAST_NUMBER_RE = re.compile(_NUMBER)
-_WELL_FORMED_RE = re.compile(rf"<answer>\s{{0,10}}{_NUMBER}\s{{0,10}}</answer>\s*")
+MAX_ANSWER_DIGITS = 18  # the longest integer an answer may have: 18 digits always fit in an int64
+
+# A number-like token (see the module docstring). \d here is deliberately Unicode, so "１９" is one token that
+# then fails the ASCII check. Each separator needs a digit after it, so the pattern is unambiguous: linear time.
+# The lookbehinds stop a token starting inside a longer number ("1e5e3" must not yield 3).
+_NUMBER_LIKE = r"(?<!\d[eE])(?<!\d[eE][+-])-?\.?\d+(?:[.,]\d+)*(?:[eE][+-]?\d+)?"
+_INTEGER = rf"-?[0-9]{{1,{MAX_ANSWER_DIGITS}}}"
+_NUMBER_LIKE_RE = re.compile(_NUMBER_LIKE)
+_INTEGER_RE = re.compile(_INTEGER)
+_TAG_RE = re.compile(rf"<answer>\s{{0,10}}({_NUMBER_LIKE})\s{{0,10}}</answer>")
+# The format reward: the tag holds an integer and ends the text. `search` starts only at "<answer>", so \s*\Z is
+# tried once per tag.
+_WELL_FORMED_RE = re.compile(rf"<answer>\s{{0,10}}{_INTEGER}\s{{0,10}}</answer>\s*\Z")
 
 
 # --- problems ---------------------------------------------------------------------
@@ -102,27 +130,34 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
+def parse_integer(token: str) -> int | None:
+    """A number-like token as an int when it is an ASCII integer of at most MAX_ANSWER_DIGITS digits, else None.
+
+    parse_integer("-4") == -4; "5.0", "1,000", "1e309", "１９" and a 19-digit number give None.
+    """
+    return int(token) if _INTEGER_RE.fullmatch(token) else None
+
+
 def extract_answer(text: str, require_tag: bool = False) -> int | None:
     """The model's final answer as an int, or None when there is none.
 
     The number in the last ``<answer>...</answer>`` tag if there is one;
-    otherwise (unless ``require_tag``) the last number in the text. Pure regex:
-    never eval() model output.
+    otherwise (unless ``require_tag``) the last number-like token in the text.
+    Either way it must be an integer (module docstring): "<answer>19.5</answer>"
+    is None, not 5. Pure regex: never eval() model output.
     """
     tags = _TAG_RE.findall(text)
     if tags:
-        return int(tags[-1])
+        return parse_integer(tags[-1])
     if require_tag:
         return None
-    numbers = _LAST_NUMBER_RE.findall(text)
-    return int(numbers[-1]) if numbers else None
+    tokens = _NUMBER_LIKE_RE.findall(text)
+    return parse_integer(tokens[-1]) if tokens else None
 
 
 def is_well_formed(text: str) -> bool:
-    """Exactly one <answer>N</answer> tag, and nothing after it but whitespace."""
-    return (
-        text.count("<answer>") == 1 and _WELL_FORMED_RE.search(text) is not None and text.rstrip().endswith("</answer>")
-    )
+    """Exactly one <answer>N</answer> tag holding an integer (module docstring), then nothing but whitespace."""
+    return text.count("<answer>") == 1 and _WELL_FORMED_RE.search(text) is not None
 
 
 def _answers_match(predicted: int | None, answer) -> bool:
