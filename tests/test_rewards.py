@@ -1,6 +1,8 @@
 """Stage 2: calling reward functions, checking what they return, weighting."""
 
 import math
+import threading
+import time
 
 import pytest
 import torch
@@ -67,3 +69,45 @@ def test_non_numbers_are_errors():
 def test_weights_must_match_functions():
     with pytest.raises(ValueError, match="one per function"):
         compute_rewards([length_reward], PROMPTS, COMPLETIONS, IDS, {}, [1.0, 2.0])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "nan"])
+def test_nan_and_inf_are_errors_naming_function_and_completion(bad):
+    def unstable_reward(prompts, completions, completion_ids, **kwargs):
+        return [1.0, None, bad, 0.0]
+
+    with pytest.raises(RewardFunctionError, match=r"'unstable_reward' returned -?(nan|inf) for completion 2: .*None"):
+        compute_rewards([unstable_reward], PROMPTS, COMPLETIONS, IDS, {})
+
+
+def test_a_slow_function_times_out_with_its_name():
+    release = threading.Event()
+
+    def slow_reward(prompts, completions, completion_ids, **kwargs):
+        release.wait(10)  # the worker thread cannot be killed: let it finish when the test ends
+        return [0.0] * len(completions)
+
+    started = time.perf_counter()
+    try:
+        with pytest.raises(RewardFunctionError, match=r"'slow_reward' did not return within reward_timeout=0.2s"):
+            compute_rewards([slow_reward], PROMPTS, COMPLETIONS, IDS, {}, reward_timeout=0.2)
+    finally:
+        release.set()
+    assert time.perf_counter() - started < 5
+
+
+def test_within_the_timeout_results_and_errors_are_unchanged():
+    def broken_reward(prompts, completions, completion_ids, **kwargs):
+        raise KeyError("solution")
+
+    per_func, rewards = compute_rewards([length_reward], PROMPTS, COMPLETIONS, IDS, {}, reward_timeout=5.0)
+    torch.testing.assert_close(rewards, torch.tensor([1.0, 2.0, 3.0, 0.0]))
+    with pytest.raises(RewardFunctionError, match="'broken_reward' raised KeyError") as info:
+        compute_rewards([broken_reward], PROMPTS, COMPLETIONS, IDS, {}, reward_timeout=5.0)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0])
+def test_reward_timeout_must_be_positive(timeout):
+    with pytest.raises(ValueError, match="reward_timeout"):
+        compute_rewards([length_reward], PROMPTS, COMPLETIONS, IDS, {}, reward_timeout=timeout)
