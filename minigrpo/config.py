@@ -54,8 +54,10 @@ class GRPOConfig:
     """Sampling temperature; log-probs are computed at the same temperature (as TRL does)."""
     top_p: float = 1.0
     """Nucleus sampling; 1.0 samples from the full distribution (what the policy gradient assumes)."""
-    fast_generation: bool | None = None
-    """Static KV cache in `generate`, which transformers then compiles (CUDA graphs). None: on for CUDA, off on CPU."""
+    fast_generation: bool = False
+    """Opt-in: a static KV cache in `generate`, which transformers then compiles (CUDA graphs on a GPU); faster
+    decoding after a slow first call. Off by default; turn it on with GRPOConfig(fast_generation=True) on a GPU.
+    `python bench/gpu_check.py` checks on your GPU that its greedy tokens equal the plain path's."""
     share_prompt_prefix: bool = True
     """Run each prompt once per group instead of G times and reuse its KV cache for the G completions
     (generation prefill, reference and policy log-probs). Same numbers up to float rounding, far less work
@@ -101,6 +103,11 @@ class GRPOConfig:
     """Linear warm-up steps of the learning rate."""
     lr_scheduler_type: Literal["constant", "linear"] = "constant"
     """After warm-up: 'constant' (DeepSeekMath) or 'linear' decay to 0 at max_steps (TRL's default)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's name):
+    about 1/3 more compute for a fraction of the activation memory. For real models on small GPUs (qwen_t4).
+    The update then runs each completion with its prompt (needs share_prompt_prefix=False: a KV cache
+    cannot cross a checkpointed layer); generation and reference log-probs are unaffected."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     max_steps: int = 100
@@ -194,6 +201,11 @@ class GRPOConfig:
             raise ValueError(f"epsilon={self.epsilon}: the lower clip 1 - epsilon must stay above 0; use < 1.")
         if self.advantage_epsilon < 0:
             raise ValueError(f"advantage_epsilon={self.advantage_epsilon}: it must be >= 0 (typical 1e-4).")
+        if self.gradient_checkpointing and self.share_prompt_prefix:
+            raise ValueError(
+                "gradient_checkpointing=True with share_prompt_prefix=True: the shared prompt's KV cache cannot "
+                "pass through checkpointed layers (transformers drops it). Set share_prompt_prefix=False."
+            )
         for name in ("max_steps", "eval_steps", "save_steps", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}: it must be >= 0.")
@@ -230,11 +242,18 @@ class GRPOConfig:
 
     @classmethod
     def qwen_t4(cls, **overrides) -> GRPOConfig:
-        """Qwen2.5-0.5B-Instruct on a free Colab T4 (15 GB, fp16 weights, no bf16)."""
+        """Qwen2.5-0.5B-Instruct on a free Colab T4 (15 GB; no native bf16, so fp32 weights, fp32 AdamW, no autocast).
+
+        fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 x 2 GB = 9.2 GiB before any
+        activation; micro-batches of 8 completions with gradient checkpointing keep a full step's live tensors
+        under 12 GiB (measured: `python bench/memory.py --model qwen0.5b-shape --preset t4`).
+        """
         preset = dict(
             prompts_per_step=8,
             num_generations=8,
-            per_device_train_batch_size=16,
+            per_device_train_batch_size=8,
+            gradient_checkpointing=True,
+            share_prompt_prefix=False,
             max_prompt_length=128,
             max_completion_length=128,
             learning_rate=1e-6,

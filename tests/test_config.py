@@ -14,7 +14,21 @@ def test_paper_defaults():
 
 def test_presets_are_valid_and_overridable():
     assert GRPOConfig.tiny_cpu().gradient_accumulation_steps >= 1
-    assert GRPOConfig.qwen_t4().gradient_accumulation_steps == 4
+    assert GRPOConfig.qwen_t4().gradient_accumulation_steps == 8
+    assert GRPOConfig.tiny_cpu(beta=0.0).beta == 0.0
+
+
+def test_t4_preset_saves_activation_memory():
+    config = GRPOConfig.qwen_t4()
+    assert config.gradient_checkpointing and not config.share_prompt_prefix
+    assert config.per_device_train_batch_size == 8
+    assert not GRPOConfig().gradient_checkpointing and not GRPOConfig().fast_generation
+
+
+def test_checkpointing_needs_the_plain_path():
+    with pytest.raises(ValueError, match="gradient_checkpointing=True.*share_prompt_prefix=False"):
+        GRPOConfig(gradient_checkpointing=True)
+    assert GRPOConfig(gradient_checkpointing=True, share_prompt_prefix=False).gradient_checkpointing
     assert GRPOConfig.tiny_cpu(beta=0.0).beta == 0.0
 
 
