@@ -1,9 +1,19 @@
-"""What every notebook needs in its first cells: where am I, which model, how long to train.
+"""What every notebook needs in its first cells: where am I, which model, how long to train, and the Colab setup.
 
 The one switch for short runs is the environment variable MINIGRPO_QUICK
 ("1" = quick). It is read here and nowhere else: the test suite sets it so
 that nbval runs every notebook in CI in seconds per training cell, while a
 learner (in Colab or on a laptop) gets the full-length runs.
+
+Which model a lesson uses is decided here too. Lessons 00-05 teach mechanics
+(sampling, advantages, the loss) that read best in seconds, so they use the
+bundled tiny Qwen on any machine; lessons 06 and 07 train for real and ask for
+Qwen2.5-0.5B-Instruct when a GPU is there (`real_on_gpu=True`).
+
+The Colab setup cell (written into every notebook by scripts/stamp_colab.py)
+runs before minigrpo is installed, so it is plain code; it installs from
+REPOSITORY_URL, or prints INSTALL_HELP when there is nothing to install from,
+then calls colab_setup() from here.
 """
 
 from __future__ import annotations
@@ -17,21 +27,53 @@ from minigrpo.config import GRPOConfig
 from minigrpo.models import QWEN_MODEL_ID
 
 QUICK: bool = os.environ.get("MINIGRPO_QUICK", "").lower() in ("1", "true", "yes")
-REPOSITORY_URL = "https://github.com/minigrpo/minigrpo"
-COLAB_INSTALL = f"pip install -q git+{REPOSITORY_URL}"
+
+# Where the package is published, as a GitHub URL (the Colab badge opens notebooks from it, the setup cell
+# pip-installs it), or None while it is not published: then the badge says so and the setup cell prints
+# INSTALL_HELP. Change it here, then run `python scripts/stamp_colab.py` to rewrite the notebooks.
+REPOSITORY_URL: str | None = "https://github.com/minigrpo/minigrpo"
+
+
+def colab_install(repository_url: str | None = REPOSITORY_URL) -> str | None:
+    """The pip requirement the Colab setup cell installs ("git+URL"), or None when the package is not published."""
+    return f"git+{repository_url}" if repository_url else None
+
+
+COLAB_INSTALL: str | None = colab_install()
+
+# What the setup cell prints, in Colab, when minigrpo could not be installed from REPOSITORY_URL.
+INSTALL_HELP = """\
+minigrpo is not installed in this Colab session. Install it one of two ways, then run this cell again:
+  1. A wheel: run `python -m build` in the repository on your computer, upload dist/minigrpo-*.whl
+     (Files panel, on the left), and run `%pip install /content/minigrpo-*.whl` in a new cell.
+  2. Google Drive: copy the repository to My Drive as minigrpo/, then run in a new cell:
+     from google.colab import drive; drive.mount("/content/drive")
+     %pip install /content/drive/MyDrive/minigrpo"""
 
 
 def in_colab() -> bool:
     return "google.colab" in sys.modules
 
 
+def colab_setup() -> None:
+    """Colab only (a no-op elsewhere): turn on the custom widget manager, so that Colab renders the course's
+    ipywidgets explorers (Colab's built-in manager only knows its own ipywidgets version)."""
+    if not in_colab():
+        return
+    from google.colab import output
+
+    output.enable_custom_widget_manager()
+
+
 def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def model_name() -> str:
-    """The real Qwen2.5-0.5B-Instruct on a GPU, the bundled tiny Qwen on a CPU (or when QUICK)."""
-    return QWEN_MODEL_ID if on_gpu() and not QUICK else "tiny"
+def model_name(real_on_gpu: bool = False) -> str:
+    """The model a lesson uses: the bundled tiny Qwen, unless `real_on_gpu` is set and a GPU is there (and not
+    QUICK), then Qwen2.5-0.5B-Instruct. Lessons 00-05 keep the default (mechanics, in seconds, on any machine);
+    06 and 07 pass real_on_gpu=True."""
+    return QWEN_MODEL_ID if real_on_gpu and on_gpu() and not QUICK else "tiny"
 
 
 def steps(full: int, quick: int) -> int:
@@ -39,12 +81,13 @@ def steps(full: int, quick: int) -> int:
     return quick if QUICK else full
 
 
-def course_config(**overrides) -> GRPOConfig:
-    """The preset that fits this machine: tiny_cpu() on a CPU, qwen_t4() (fits a 15 GB T4) on a GPU."""
-    return GRPOConfig.for_model(model_name(), **overrides)
+def course_config(model: str = "tiny", **overrides) -> GRPOConfig:
+    """The preset for `model` (pass what model_name() returned): tiny_cpu() for "tiny", qwen_t4() (fits a 15 GB
+    T4) for a real Qwen. Taking the model name keeps the config and the loaded model from disagreeing."""
+    return GRPOConfig.for_model(model, **overrides)
 
 
-def describe() -> str:
-    """One line for the top of a notebook: device, model, quick mode."""
+def describe(model: str | None = None) -> str:
+    """One line for the top of a notebook: device, model (default: model_name()), quick mode."""
     device = torch.cuda.get_device_name(0) if on_gpu() else "CPU"
-    return f"device: {device} | model: {model_name()} | quick mode: {QUICK} | torch {torch.__version__}"
+    return f"device: {device} | model: {model or model_name()} | quick mode: {QUICK} | torch {torch.__version__}"

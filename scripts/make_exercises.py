@@ -10,8 +10,8 @@ In every code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION`
     raise NotImplementedError("...")
 
 so a function keeps its signature and docstring (put the markers after the
-docstring). In a markdown cell the block becomes "_Your answer here._". Outputs
-and execution counts are stripped, links to solutions/<name> point to
+docstring). In a markdown cell the block becomes "_Your answer here._". Outputs,
+execution counts and ipywidgets state are stripped, links to solutions/<name> point to
 exercises/<name> (the Colab badge), and everything else is copied unchanged,
 so cells that scripts/stamp_colab.py added to a solution carry over.
 """
@@ -60,6 +60,7 @@ def strip_solutions(source: str, stub: list[str]) -> str:
 def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """The exercise notebook for one solution notebook (a new object; the solution is not modified)."""
     exercise = copy.deepcopy(solution)
+    exercise.metadata.pop("widgets", None)  # ipywidgets state: a snapshot of one run's widgets, never committed
     for cell in exercise.cells:
         if cell.cell_type == "code":
             cell.source = strip_solutions(cell.source, CODE_STUB)

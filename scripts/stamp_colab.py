@@ -1,22 +1,28 @@
-"""Stamp every course notebook with its "Open in Colab" badge and the Colab-only install cell.
+"""Stamp every course notebook with its "Open in Colab" badge and the Colab setup cell.
 
     python scripts/stamp_colab.py            # notebooks/, solutions/, exercises/ (idempotent)
     python scripts/stamp_colab.py --check    # exit 1 if a notebook is not stamped as it should be
     python scripts/stamp_colab.py notebooks/00_tour_and_setup.ipynb
-    python scripts/stamp_colab.py --clean    # also: clear outputs except in NBVAL_CHECK_OUTPUT cells
+    python scripts/stamp_colab.py --clean    # also: clear outputs except in NBVAL_CHECK_OUTPUT cells, and widget state
 
-The repository URL lives in one place, minigrpo.course.REPOSITORY_URL (and the
-install command in minigrpo.course.COLAB_INSTALL); this script writes them into
-the notebooks, so changing the URL is: edit course.py, run this script.
+The repository URL lives in one place, minigrpo.course.REPOSITORY_URL (with the
+pip requirement minigrpo.course.COLAB_INSTALL and the fallback message
+minigrpo.course.INSTALL_HELP); this script writes them into the notebooks, so
+changing the URL is: edit course.py, run this script. REPOSITORY_URL = None
+means "not published": the badge then says how to open a notebook by upload,
+and the setup cell prints INSTALL_HELP instead of installing.
 
-The badge is the first cell (a markdown cell with id "colab-badge"); the install
+The badge is the first cell (a markdown cell with id "colab-badge"); the setup
 cell (id "colab-install") goes just before the notebook's first code cell. A
 stamped cell is found again by its id, and rewritten only when its text differs.
+The setup cell runs before minigrpo is installed, so it is plain Python (no
+magics): it is a no-op outside Colab, and in Colab never ends in a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -28,12 +34,12 @@ BADGE_ID, INSTALL_ID = "colab-badge", "colab-install"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 
-def course_constants() -> tuple[str, str]:
-    """(REPOSITORY_URL, COLAB_INSTALL) from minigrpo.course, the one place they are written."""
+def course_constants() -> tuple[str | None, str | None, str]:
+    """(REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP) from minigrpo.course, the one place they are written."""
     sys.path.insert(0, str(ROOT))
-    from minigrpo.course import COLAB_INSTALL, REPOSITORY_URL
+    from minigrpo.course import COLAB_INSTALL, INSTALL_HELP, REPOSITORY_URL
 
-    return REPOSITORY_URL, COLAB_INSTALL
+    return REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP
 
 
 def colab_url(repository_url: str, relative_path: str, branch: str = "main") -> str:
@@ -47,17 +53,50 @@ def colab_url(repository_url: str, relative_path: str, branch: str = "main") -> 
     return f"https://colab.research.google.com/github/{repository}/blob/{branch}/{relative_path}"
 
 
-def badge_source(repository_url: str, relative_path: str) -> str:
+UNPUBLISHED_BADGE = (
+    "**Open in Colab:** this course is not published on GitHub yet, so there is no badge to click. In Colab use "
+    "File > Upload notebook, then run the setup cell below: it says how to install minigrpo there."
+)
+
+
+def badge_source(repository_url: str | None, relative_path: str) -> str:
+    if not repository_url:
+        return UNPUBLISHED_BADGE
     return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repository_url, relative_path)})"
 
 
-def install_source(colab_install: str) -> str:
+def _literal(text: str | None) -> str:
+    """A Python literal with double quotes, as ruff would format it: "text" or None."""
+    return "None" if text is None else json.dumps(text)
+
+
+def install_source(colab_install: str | None, install_help: str) -> str:
+    """The setup cell: in Colab, pip-install `colab_install` (None: not published) unless minigrpo is already
+    there, print `install_help` if it still is not, else turn on the widget manager. Elsewhere: nothing."""
+    if '"""' in install_help or install_help.endswith('"') or "\\" in install_help:
+        raise ValueError('INSTALL_HELP must fit in a triple-quoted string: no """, no trailing quote, no backslash')
     return (
-        "# Colab only: install minigrpo there (on your own machine: `pip install -e .` once, in the repository).\n"
+        "# Colab setup: installs minigrpo there (elsewhere this does nothing: `pip install -e .` in the repository).\n"
+        "import importlib.util\n"
+        "import os\n"
+        "import subprocess\n"
         "import sys\n"
         "\n"
         'if "google.colab" in sys.modules:  # minigrpo.course.in_colab(), before minigrpo can be imported\n'
-        f"    %{colab_install}"
+        f"    PACKAGE = {_literal(colab_install)}  # minigrpo.course.COLAB_INSTALL (None: not published)\n"
+        '    if PACKAGE and importlib.util.find_spec("minigrpo") is None:\n'
+        '        command = [sys.executable, "-m", "pip", "install", "-q", PACKAGE]\n'
+        '        no_prompt = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # a missing repository fails, not asks\n'
+        "        pip = subprocess.run(command, capture_output=True, text=True, env=no_prompt)\n"
+        "        if pip.returncode != 0:\n"
+        '            print(f"pip could not install {PACKAGE}:", (pip.stderr.strip().splitlines() or ["?"])[-1])\n'
+        "        importlib.invalidate_caches()\n"
+        '    if importlib.util.find_spec("minigrpo") is None:\n'
+        f'        print("""{install_help}""")\n'
+        "    else:\n"
+        "        from minigrpo import course\n"
+        "\n"
+        "        course.colab_setup()  # the widget manager that draws the course's ipywidgets in Colab"
     )
 
 
@@ -65,8 +104,10 @@ def _find(nb, cell_id: str) -> int | None:
     return next((i for i, cell in enumerate(nb.cells) if cell.get("id") == cell_id), None)
 
 
-def stamp_notebook(nb, relative_path: str, repository_url: str, colab_install: str) -> bool:
-    """Put the badge first and the install cell before the first code cell. Returns True if nb changed."""
+def stamp_notebook(
+    nb, relative_path: str, repository_url: str | None, colab_install: str | None, install_help: str
+) -> bool:
+    """Put the badge first and the setup cell before the first code cell. Returns True if nb changed."""
     changed = False
     badge = badge_source(repository_url, relative_path)
     index = _find(nb, BADGE_ID)
@@ -80,7 +121,7 @@ def stamp_notebook(nb, relative_path: str, repository_url: str, colab_install: s
         if index != 0:
             nb.cells.insert(0, nb.cells.pop(index))
             changed = True
-    install = install_source(colab_install)
+    install = install_source(colab_install, install_help)
     index = _find(nb, INSTALL_ID)
     if index is None:
         first_code = next((i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"), len(nb.cells))
@@ -102,11 +143,36 @@ def stamp_notebook(nb, relative_path: str, repository_url: str, colab_install: s
     return changed
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def strip_widget_state(nb) -> None:
+    """Remove ipywidgets state: the notebook's metadata.widgets (a snapshot of every widget's value, large and
+    different on each run) and the widget mime types in outputs. A widget view only means something to the kernel
+    that made it, so it is never kept, not even in an NBVAL_CHECK_OUTPUT cell; an output left with no data goes."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        kept = []
+        for output in cell.outputs:
+            data = output.get("data")
+            if data is not None:
+                for mime in (WIDGET_STATE, WIDGET_VIEW):
+                    data.pop(mime, None)
+                if not data:
+                    continue
+            kept.append(output)
+        cell.outputs = kept
+
+
 def clean_outputs(nb) -> bool:
     """Clear every output and execution count, except in NBVAL_CHECK_OUTPUT cells: those keep their outputs (what
     nbval compares) and get the execution count a fresh top-to-bottom run gives them (nbval skips a cell without
-    one, and fails one that has outputs but no count). Returns True if nb changed."""
+    one, and fails one that has outputs but no count). Widget state goes everywhere. Returns True if nb changed."""
     before = nbformat.writes(nb)
+    strip_widget_state(nb)
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
     for number, cell in enumerate(code_cells, start=1):
         cell.metadata.pop("execution", None)
@@ -134,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook needs stamping")
     parser.add_argument("--clean", action="store_true", help="also clear outputs except in NBVAL_CHECK_OUTPUT cells")
     args = parser.parse_args(argv)
-    repository_url, colab_install = course_constants()
+    repository_url, colab_install, install_help = course_constants()
     stale = []
     for path in [p.resolve() for p in args.paths] or course_notebooks():
         nb = nbformat.read(path, as_version=4)
-        stamped = stamp_notebook(nb, path.relative_to(ROOT).as_posix(), repository_url, colab_install)
+        stamped = stamp_notebook(nb, path.relative_to(ROOT).as_posix(), repository_url, colab_install, install_help)
         if stamped | (args.clean and clean_outputs(nb)):
             stale.append(path.relative_to(ROOT))
             if not args.check:

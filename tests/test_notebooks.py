@@ -1,8 +1,9 @@
 """The course notebooks as files: Colab-ready, committed without outputs except the checked cells, wired to nbval.
 
 nbval itself runs the notebooks (pytest's testpaths include notebooks/ and solutions/, with --nbval-lax); these
-tests check what nbval cannot: the badge and install cell are stamped, nothing but the outputs that nbval compares
-is committed, and the pytest configuration really runs the notebooks.
+tests check what nbval cannot: the badge and setup cell are stamped, nothing but the outputs that nbval compares
+is committed (and no widget state), each lesson asks for the model it should, and the pytest configuration really
+runs the notebooks. `python scripts/stamp_colab.py --clean` fixes what the stamping and output tests find.
 """
 
 import importlib.util
@@ -12,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minigrpo.course import COLAB_INSTALL, REPOSITORY_URL
+from minigrpo.course import COLAB_INSTALL, INSTALL_HELP, REPOSITORY_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = "NBVAL_CHECK_OUTPUT"
@@ -28,7 +29,12 @@ spec = importlib.util.spec_from_file_location("stamp_colab", ROOT / "scripts" / 
 stamp_colab = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(stamp_colab)
 
+spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
+make_exercises = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_exercises)
+
 NOTEBOOKS = stamp_colab.course_notebooks(ROOT)
+WIDGET_MIMES = (stamp_colab.WIDGET_STATE, stamp_colab.WIDGET_VIEW)
 
 
 def relative(path: Path) -> str:
@@ -46,11 +52,39 @@ def test_notebook_has_badge_and_colab_install_cell(path):
     badge = nb.cells[0]
     assert badge.cell_type == "markdown" and badge.get("id") == stamp_colab.BADGE_ID
     assert badge.source == stamp_colab.badge_source(REPOSITORY_URL, relative(path))
-    assert f"/blob/main/{relative(path)})" in badge.source
+    if REPOSITORY_URL:
+        assert f"/blob/main/{relative(path)})" in badge.source
     first_code = next(cell for cell in nb.cells if cell.cell_type == "code")
-    assert first_code.get("id") == stamp_colab.INSTALL_ID, "the first code cell must be the Colab install cell"
-    assert first_code.source == stamp_colab.install_source(COLAB_INSTALL)
-    assert 'if "google.colab" in sys.modules:' in first_code.source and f"%{COLAB_INSTALL}" in first_code.source
+    assert first_code.get("id") == stamp_colab.INSTALL_ID, "the first code cell must be the Colab setup cell"
+    assert first_code.source == stamp_colab.install_source(COLAB_INSTALL, INSTALL_HELP)
+    assert 'if "google.colab" in sys.modules:' in first_code.source and "course.colab_setup()" in first_code.source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=relative)
+def test_notebook_has_no_widget_state(path):
+    """ipywidgets state (metadata.widgets, widget outputs) is a snapshot of one run: large, different every run,
+    and meaningless without its kernel. Run `python scripts/stamp_colab.py --clean` (make_exercises for exercises/)."""
+    nb = nbformat.read(path, as_version=4)
+    assert "widgets" not in nb.metadata, f"{relative(path)}: widget state in the notebook metadata"
+    for number, cell in enumerate((c for c in nb.cells if c.cell_type == "code"), start=1):
+        for output in cell.outputs:
+            found = set(output.get("data", {})) & set(WIDGET_MIMES)
+            assert not found, f"{relative(path)} code cell {number}: widget output {sorted(found)}"
+
+
+# Lessons 00-05 teach mechanics on the tiny model in seconds on any machine; 06 and 07 train Qwen on a GPU.
+REAL_MODEL_LESSONS = ("06", "07")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=relative)
+def test_lesson_asks_for_its_model(path):
+    code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code")
+    if path.name[:2] in REAL_MODEL_LESSONS:
+        assert "course.model_name(real_on_gpu=True)" in code, f"{relative(path)}: train the real Qwen on a GPU"
+        assert "course.model_name()" not in code, f"{relative(path)}: every model_name() call needs real_on_gpu=True"
+        assert "course.course_config()" not in code, f"{relative(path)}: pass the model: course.course_config(MODEL)"
+    else:
+        assert "real_on_gpu=True" not in code, f"{relative(path)}: lessons 00-05 use the tiny model everywhere"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=relative)
@@ -97,13 +131,24 @@ def test_lesson_shape(name):
 
 def test_stamping_is_idempotent(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# x"), nbformat.v4.new_code_cell("1")])
-    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", REPOSITORY_URL, COLAB_INSTALL)
+    stamp = [REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP]
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", *stamp)
     first = nbformat.writes(nb)
     assert nb.cells[0].id == "colab-badge" and nb.cells[1].source == "# x" and nb.cells[2].id == "colab-install"
-    assert not stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", REPOSITORY_URL, COLAB_INSTALL)
+    assert not stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", *stamp)
     assert nbformat.writes(nb) == first
-    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", "https://github.com/someone/fork", COLAB_INSTALL)
+    fork = "https://github.com/someone/fork"
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", fork, f"git+{fork}", INSTALL_HELP)
     assert "github/someone/fork/blob/main/notebooks/x.ipynb" in nb.cells[0].source
+    assert f'PACKAGE = "git+{fork}"' in nb.cells[2].source
+
+
+def test_unpublished_repository_gets_an_upload_note_and_no_install():
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", None, None, INSTALL_HELP)
+    assert nb.cells[0].source == stamp_colab.UNPUBLISHED_BADGE and "Upload notebook" in nb.cells[0].source
+    assert "PACKAGE = None" in nb.cells[1].source
+    compile(nb.cells[1].source, "setup cell", "exec")  # plain Python: runs before minigrpo (or any magic) is there
 
 
 def test_clean_outputs_keeps_only_checked_outputs_with_their_counts():
@@ -116,6 +161,31 @@ def test_clean_outputs_keeps_only_checked_outputs_with_their_counts():
     assert other.outputs == [] and other.execution_count is None
     assert checked.outputs[0].text == "1\n" and checked.execution_count == 2  # its place in a fresh run
     assert not stamp_colab.clean_outputs(nb)
+
+
+def test_clean_outputs_strips_widget_state_even_in_checked_cells():
+    checked = nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nexplorer", execution_count=1)
+    view = {"model_id": "abc", "version_major": 2, "version_minor": 0}
+    widget_only = nbformat.v4.new_output("display_data", data={stamp_colab.WIDGET_VIEW: view})
+    with_text = nbformat.v4.new_output(
+        "execute_result", data={stamp_colab.WIDGET_VIEW: view, "text/plain": "3"}, execution_count=1
+    )
+    checked.outputs = [widget_only, with_text]
+    nb = nbformat.v4.new_notebook(cells=[checked])
+    nb.metadata["widgets"] = {stamp_colab.WIDGET_STATE: {"state": {}, "version_major": 2, "version_minor": 0}}
+    assert stamp_colab.clean_outputs(nb)
+    assert "widgets" not in nb.metadata
+    assert [dict(output.data) for output in checked.outputs] == [{"text/plain": "3"}]
+    assert not stamp_colab.clean_outputs(nb)
+
+
+def test_exercises_are_made_without_widget_state():
+    solution = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION")]
+    )
+    solution.metadata["widgets"] = {stamp_colab.WIDGET_STATE: {"state": {}}}
+    exercise = make_exercises.make_exercise(solution, "x.ipynb")
+    assert "widgets" not in exercise.metadata and "widgets" in solution.metadata
 
 
 def test_colab_url_comes_from_the_repository_url():

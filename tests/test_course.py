@@ -1,0 +1,140 @@
+"""minigrpo.course: which model each lesson gets (GPU mocked), the presets, and the Colab setup cell run as Colab
+would run it (google.colab faked, pip mocked): it installs, or prints one clear message, and never raises."""
+
+import importlib.util
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigrpo import course
+from minigrpo.config import GRPOConfig
+from minigrpo.models import QWEN_MODEL_ID
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("stamp_colab", ROOT / "scripts" / "stamp_colab.py")
+stamp_colab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(stamp_colab)
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A machine with a GPU, in full (not quick) mode."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "Tesla T4")
+    monkeypatch.setattr(course, "QUICK", False)
+
+
+def test_lessons_get_the_tiny_model_by_default_even_on_a_gpu(gpu):
+    assert course.model_name() == "tiny"
+    assert course.course_config() == GRPOConfig.tiny_cpu()
+
+
+def test_real_on_gpu_asks_for_qwen_only_where_a_gpu_is(gpu, monkeypatch):
+    assert course.model_name(real_on_gpu=True) == QWEN_MODEL_ID
+    assert course.course_config(QWEN_MODEL_ID) == GRPOConfig.qwen_t4()
+    monkeypatch.setattr(course, "QUICK", True)  # CI on a GPU machine: still the tiny model
+    assert course.model_name(real_on_gpu=True) == "tiny"
+    monkeypatch.setattr(course, "QUICK", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert course.model_name(real_on_gpu=True) == "tiny"
+
+
+def test_course_config_passes_overrides_to_the_preset():
+    config = course.course_config("tiny", beta=0.0, max_steps=3)
+    assert config == GRPOConfig.tiny_cpu(beta=0.0, max_steps=3)
+
+
+def test_describe_names_the_device_and_the_model(gpu):
+    assert course.describe().startswith("device: Tesla T4 | model: tiny | quick mode: False")
+    assert f"model: {QWEN_MODEL_ID}" in course.describe(course.model_name(real_on_gpu=True))
+
+
+def test_colab_install_is_none_while_not_published():
+    assert course.colab_install("https://github.com/a/b") == "git+https://github.com/a/b"
+    assert course.colab_install(None) is None and course.colab_install("") is None
+    assert course.COLAB_INSTALL == course.colab_install(course.REPOSITORY_URL)
+
+
+# --- the Colab setup cell -----------------------------------------------------------------------------------------
+@pytest.fixture
+def colab(monkeypatch):
+    """A fake google.colab whose output.enable_custom_widget_manager() records its calls."""
+    calls = []
+    output = types.SimpleNamespace(enable_custom_widget_manager=lambda: calls.append("widgets"))
+    monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(output=output))
+    return calls
+
+
+def installed_after(monkeypatch, lookups: int):
+    """find_spec("minigrpo") says "not installed" for the first `lookups` lookups, then finds the real one."""
+    real, seen = importlib.util.find_spec, []
+
+    def find_spec(name, *args, **kwargs):
+        if name == "minigrpo":
+            seen.append(name)
+            if len(seen) <= lookups:
+                return None
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def fake_pip(monkeypatch, returncode: int):
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, returncode, "", "ERROR: Repository not found.\n")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return commands
+
+
+def run_setup_cell(colab_install: str | None) -> None:
+    exec(stamp_colab.install_source(colab_install, course.INSTALL_HELP), {"__name__": "__main__"})
+
+
+def test_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
+    commands = fake_pip(monkeypatch, 0)
+    run_setup_cell(course.COLAB_INSTALL)
+    assert commands == [] and capsys.readouterr().out == ""
+
+
+def test_setup_cell_in_colab_with_minigrpo_installed_turns_on_widgets(colab, monkeypatch, capsys):
+    commands = fake_pip(monkeypatch, 0)
+    run_setup_cell("git+https://github.com/a/b")
+    assert commands == [] and colab == ["widgets"] and capsys.readouterr().out == ""
+
+
+def test_setup_cell_installs_from_the_repository(colab, monkeypatch, capsys):
+    installed_after(monkeypatch, lookups=1)
+    commands = fake_pip(monkeypatch, 0)
+    run_setup_cell("git+https://github.com/a/b")
+    assert commands == [[sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/a/b"]]
+    assert colab == ["widgets"] and capsys.readouterr().out == ""
+
+
+def test_setup_cell_explains_a_failed_install_without_a_traceback(colab, monkeypatch, capsys):
+    installed_after(monkeypatch, lookups=2)
+    fake_pip(monkeypatch, 1)
+    run_setup_cell("git+https://github.com/a/b")
+    out = capsys.readouterr().out
+    assert "pip could not install git+https://github.com/a/b: ERROR: Repository not found." in out
+    assert course.INSTALL_HELP in out and colab == []
+
+
+def test_setup_cell_explains_an_unpublished_package(colab, monkeypatch, capsys):
+    installed_after(monkeypatch, lookups=2)
+    commands = fake_pip(monkeypatch, 0)
+    run_setup_cell(None)
+    assert commands == [] and capsys.readouterr().out == course.INSTALL_HELP + "\n"
+    assert "python -m build" in course.INSTALL_HELP and "drive.mount" in course.INSTALL_HELP
+
+
+def test_colab_setup_is_a_no_op_outside_colab():
+    assert "google.colab" not in sys.modules
+    course.colab_setup()  # no google.colab to import: must not raise
