@@ -2,27 +2,27 @@
 
     prompts -> rollout (stage 1) -> rewards (2) -> advantages (3) -> loss + update (4)
 
-``Trainer`` holds everything GRPO and PPO share (the loop, prompt sampling,
-rollout and reward scoring, evaluation, metrics, checkpoints and resume);
-``GRPOTrainer`` adds stages 3 and 4. ``minigrpo.ppo.PPOTrainer`` adds its
-critic on the same base.
+``Trainer`` holds everything GRPO and PPO share: the loop, prompt sampling,
+rollout and reward scoring, evaluation, metrics, the loss mask, the update in
+micro-batches with gradient accumulation, and checkpoints (written and read by
+``minigrpo.checkpoints``). ``GRPOTrainer`` adds stages 3 and 4: the GRPO step.
+``minigrpo.ppo.PPOTrainer`` adds its critic on the same base.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
+from minigrpo import checkpoints
 from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
+from minigrpo.checkpoints import HISTORY_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (re-exported)
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
@@ -41,8 +41,6 @@ from minigrpo.rollout import (
 )
 
 METRICS_FILE = "metrics.jsonl"
-STATE_FILE = "trainer_state.pt"
-HISTORY_FILE = "trainer_state.json"
 
 
 # --- prompts in a seeded, resumable order -------------------------------------------
@@ -131,17 +129,28 @@ class Trainer:
         else:
             self.ref_model = None  # beta == 0: no KL term, no reference model in memory
         self.optimizer = torch.optim.AdamW(
-            [p for module in self.trainable_modules().values() for p in module.parameters() if p.requires_grad],
+            self.optimizer_param_groups(),
             lr=self.config.learning_rate,
             betas=(self.config.adam_beta1, self.config.adam_beta2),
             weight_decay=self.config.weight_decay,
         )
+        # Optimizer steps taken so far, however they were taken (a hook on optimizer.step counts them):
+        # _guarded_step compares it before and after a step to know whether the weights have changed yet.
+        self.optimizer_steps = 0
+        self.optimizer.register_step_post_hook(self._count_optimizer_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.sampler = PromptSampler(len(train_dataset), self.config.seed)
         self.step = 0
         self.history: list[dict] = []
-        self._weights_changed = False  # has the current step called optimizer.step() yet?
         self.output_dir = Path(self.config.output_dir)
+
+    def optimizer_param_groups(self) -> list[dict]:
+        """AdamW's parameter groups, each a dict with its "params" and "lr". A subclass that trains more than
+        the policy overrides this (PPOTrainer adds its critic, at its own learning rate)."""
+        return [{"params": [p for p in self.model.parameters() if p.requires_grad], "lr": self.config.learning_rate}]
+
+    def _count_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.optimizer_steps += 1
 
     def _lr_factor(self, step: int) -> float:
         """Learning-rate multiplier at optimizer step `step`: linear warm-up, then constant or linear decay."""
@@ -228,11 +237,9 @@ class Trainer:
         """A fresh run owns its output_dir: an earlier run's metrics and checkpoints would otherwise be
         resumed from (resume picks the highest step) or keep this run's newer checkpoints from rotating."""
         (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
-        stale = sorted(self.output_dir.glob("checkpoint-*"), key=_checkpoint_step)
-        for path in stale:
-            shutil.rmtree(path, ignore_errors=True)
-        if stale:
-            print(f"new run in {self.output_dir}: removed {len(stale)} checkpoint(s) of an earlier run")
+        removed = checkpoints.remove_checkpoints(self.output_dir)
+        if removed:
+            print(f"new run in {self.output_dir}: removed {removed} checkpoint(s) of an earlier run")
 
     def _due(self, every: int) -> bool:
         return self.step == self.config.max_steps or (every > 0 and self.step % every == 0)
@@ -240,12 +247,13 @@ class Trainer:
     def _guarded_step(self) -> dict:
         """One training step. If it fails before the first optimizer.step, the state as it was
         when the step began is saved, so a resumed run continues exactly (nothing is lost)."""
-        start = {"rng": _rng_state(), "sampler": self.sampler.state_dict()}
-        self._weights_changed = False
+        start = {"rng": checkpoints.rng_state(), "sampler": self.sampler.state_dict()}
+        steps_before = self.optimizer_steps
         try:
             return self.training_step()
         except BaseException:
-            if not self._weights_changed and self.step > 0:
+            weights_changed = self.optimizer_steps != steps_before  # then the start state no longer fits them
+            if not weights_changed and self.step > 0:
                 path = self.save_checkpoint(rng_state=start["rng"], sampler_state=start["sampler"])
                 print(
                     f"\nstep {self.step + 1} failed: the state after step {self.step} is saved in {path}; "
@@ -298,68 +306,88 @@ class Trainer:
         with open(self.output_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(metrics) + "\n")
 
-    # --- checkpoints ----------------------------------------------------------------
-    def trainable_modules(self) -> dict[str, torch.nn.Module]:
-        """Modules whose weights a checkpoint must hold; 'model' is the policy."""
-        return {"model": self.model}
+    # --- the update, shared by every algorithm -------------------------------------------
+    def loss_mask(self, rollout: Rollout) -> torch.Tensor:
+        """(N, T) the tokens the loss counts: the completion mask, minus every token of a truncated completion
+        when config.mask_truncated_completions (DAPO: a cut-off answer is not a wrong answer)."""
+        mask = rollout.completion_mask
+        if self.config.mask_truncated_completions:
+            mask = mask * (~rollout.is_truncated).unsqueeze(1)  # (N, T)
+        return mask
 
-    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
-        """Write output_dir/checkpoint-{step} atomically (a temporary folder renamed at the end)."""
-        final = self.output_dir / f"checkpoint-{self.step}"
-        tmp = self.output_dir / f".checkpoint-{self.step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name, module in self.trainable_modules().items():
-            target = tmp if name == "model" else tmp / name
-            module.save_pretrained(target) if hasattr(module, "save_pretrained") else _save_module(module, target)
-        self.tokenizer.save_pretrained(tmp)
-        state = {
-            "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "sampler": sampler_state or self.sampler.state_dict(),
-            "rng": rng_state or _rng_state(),
-        }
-        torch.save(state, tmp / STATE_FILE)
-        (tmp / HISTORY_FILE).write_text(json.dumps({"step": self.step, "history": self.history}, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        self._rotate_checkpoints()
-        return final
+    def accumulate_and_step(
+        self,
+        num_rows: int,
+        micro_batch_loss: Callable[[slice], tuple[torch.Tensor, dict]],
+        loss_spans_step: bool = False,
+    ) -> dict:
+        """One optimizer step over N rows in micro-batches of per_device_train_batch_size, with gradient accumulation.
 
-    def _rotate_checkpoints(self) -> None:
-        checkpoints = sorted(self.output_dir.glob("checkpoint-*"), key=_checkpoint_step)
-        for old in checkpoints[: max(0, len(checkpoints) - self.config.save_total_limit)]:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore model(s), optimizer, scheduler, RNG, data position and metric history."""
-        path = Path(path)
-        if not (path / STATE_FILE).exists():
-            raise FileNotFoundError(
-                f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder."
-            )
-        for name, module in self.trainable_modules().items():
-            _load_module(module, path if name == "model" else path / name)
-        state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        _set_rng_state(state["rng"])
-        self.step = state["step"]
-        self.history = json.loads((path / HISTORY_FILE).read_text())["history"]
-        with open(self.output_dir / METRICS_FILE, "w") as f:  # drop lines logged after the checkpoint
-            f.writelines(json.dumps(m) + "\n" for m in self.history)
-        print(f"resumed from {path} at step {self.step}")
+        `micro_batch_loss(rows)` returns (loss, metrics) for the rows `rows`.
+        Each loss is divided by the number of micro-batches, so the gradient
+        is that of their mean, unless `loss_spans_step`: the loss was already
+        divided by a normaliser of the whole step (dapo's token count), and
+        the micro-batch losses add up to the step's loss. Metrics are averaged
+        over micro-batches. Then: clip the gradient norm, step, advance the
+        schedule. Returns the metrics with grad_norm and learning_rate.
+        """
+        accumulation = self.config.gradient_accumulation_steps
+        totals: dict[str, float] = {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for rows in micro_batches(num_rows, self.config.per_device_train_batch_size):
+            loss, metrics = micro_batch_loss(rows)
+            (loss if loss_spans_step else loss / accumulation).backward()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value / accumulation
+        if loss_spans_step:
+            totals["loss"] *= accumulation  # the sum of the micro-batch losses is the step's loss
+        totals["grad_norm"] = self.clip_and_step()
+        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return totals
 
     def clip_and_step(self) -> float:
         """Clip the global gradient norm to config.max_grad_norm, take an optimizer step; returns the norm."""
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self._weights_changed = True
         self.optimizer.step()
         return norm.item()
+
+    # --- checkpoints (minigrpo.checkpoints does the work) -------------------------------
+    def trainable_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules whose weights a checkpoint must hold; 'model' is the policy."""
+        return {"model": self.model}
+
+    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
+        """Write output_dir/checkpoint-{step} atomically, then keep only the newest save_total_limit.
+
+        rng_state / sampler_state: the state to resume from, when it is not the
+        current one (a failed step saves the state it started from).
+        """
+        path = checkpoints.save_checkpoint(
+            self.output_dir,
+            self.step,
+            self.trainable_modules(),
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            sampler_state or self.sampler.state_dict(),
+            rng_state or checkpoints.rng_state(),
+            self.history,
+        )
+        checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore model(s), optimizer, scheduler, RNG, data position and metric history."""
+        state = checkpoints.load_checkpoint(path, self.trainable_modules(), self.optimizer, self.scheduler)
+        self.sampler.load_state_dict(state["sampler"])
+        checkpoints.set_rng_state(state["rng"])
+        self.step, self.history = state["step"], state["history"]
+        with open(self.output_dir / METRICS_FILE, "w") as f:  # drop lines logged after the checkpoint
+            f.writelines(json.dumps(m) + "\n" for m in self.history)
+        print(f"resumed from {path} at step {self.step}")
 
     def save_model(self, path: str | Path | None = None) -> Path:
         """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path)."""
@@ -385,26 +413,20 @@ class GRPOTrainer(Trainer):
         advantages = group_relative_advantages(
             grouped, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
         ).flatten()  # (N,)
-        loss_mask = rollout.completion_mask
-        if config.mask_truncated_completions:
-            loss_mask = loss_mask * (~rollout.is_truncated).unsqueeze(1)  # (N, T)
+        loss_mask = self.loss_mask(rollout)  # (N, T)
         metrics = {"advantages/abs_mean": advantages.abs().mean().item()}
         for _ in range(config.num_iterations):
             metrics.update(self.update_policy(rollout, advantages, loss_mask))
         return metrics
 
     def update_policy(self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict:
-        """One optimisation pass over the rollout, in micro-batches with gradient accumulation."""
+        """One optimisation pass over the rollout: the GRPO loss of each micro-batch, one optimizer step."""
         config = self.config
-        N = rollout.completion_ids.shape[0]
         num_items_in_batch = int(loss_mask.sum())  # dapo's normaliser: tokens in the whole step
-        accumulation = config.gradient_accumulation_steps
-        totals: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, N, config.per_device_train_batch_size):
-            rows = slice(start, start + config.per_device_train_batch_size)
+
+        def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
             with precision_context(self.device):
-                logps, entropy = completion_logps(self.model, rollout, config, rows)
+                logps, entropy = completion_logps(self.model, rollout, config, rows)  # (n, T), (n, T)
             loss, metrics = grpo_loss(
                 logps,
                 None if rollout.old_per_token_logps is None else rollout.old_per_token_logps[rows],
@@ -414,17 +436,11 @@ class GRPOTrainer(Trainer):
                 config,
                 num_items_in_batch,
             )
-            # dapo already divides by the whole step's token count; the others average micro-batches.
-            (loss if config.loss_type == "dapo" else loss / accumulation).backward()
             metrics.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), loss_mask[rows]).item())
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / accumulation
-        if config.loss_type == "dapo":
-            totals["loss"] *= accumulation  # the sum of the micro-batch losses is the step's loss
-        totals["grad_norm"] = self.clip_and_step()
-        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        return totals
+            return loss, metrics
+
+        # dapo already divides by the whole step's token count; the others average the micro-batches.
+        return self.accumulate_and_step(len(advantages), micro_batch_loss, loss_spans_step=config.loss_type == "dapo")
 
 
 # --- metrics (TRL's names) ----------------------------------------------------------
@@ -461,45 +477,6 @@ def _nanstd(values: torch.Tensor) -> float:
     return values.std().item() if values.numel() > 1 else 0.0
 
 
-# --- checkpoint helpers -------------------------------------------------------------
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    checkpoints = [p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()]
-    return max(checkpoints, key=_checkpoint_step) if checkpoints else None
-
-
-def _checkpoint_step(path: Path) -> int:
-    return int(path.name.rsplit("-", 1)[1])
-
-
-def _save_module(module: torch.nn.Module, folder: Path) -> None:
-    from safetensors.torch import save_model
-
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(module, str(folder / "model.safetensors"))
-
-
-def _load_module(module: torch.nn.Module, folder: Path) -> None:
-    """Load every *.safetensors file of `folder` into `module`; only tied weights may be absent."""
-    state = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(file, device=str(next(module.parameters()).device)))
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    tied = {name for name in missing if name.endswith("lm_head.weight")}
-    if unexpected or set(missing) - tied:
-        raise RuntimeError(
-            f"checkpoint in {folder} does not match the model: missing {missing}, unexpected {unexpected}"
-        )
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def micro_batches(num_rows: int, size: int) -> list[slice]:
+    """[0, size), [size, 2 size), ...: the row slices of the micro-batches (the last may be shorter)."""
+    return [slice(start, start + size) for start in range(0, num_rows, size)]

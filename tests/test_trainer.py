@@ -100,6 +100,23 @@ def test_failing_reward_function_saves_progress_and_names_itself(tiny, train_dat
     assert latest_checkpoint(small_config.output_dir).name == "checkpoint-1"
 
 
+def test_a_step_that_fails_after_the_optimizer_step_saves_nothing(tiny, train_dataset, small_config):
+    # the state at the step's start no longer matches the weights: saving it would make resume inexact
+    model, tokenizer = tiny
+
+    class FailsAfterUpdating(GRPOTrainer):
+        def optimize(self, rollout, rewards):
+            metrics = super().optimize(rollout, rewards)
+            if self.step == 1:
+                raise RuntimeError("after the update")
+            return metrics
+
+    trainer = FailsAfterUpdating(model, tokenizer, [correctness_reward], train_dataset, small_config)
+    with pytest.raises(RuntimeError, match="after the update"):
+        trainer.train()
+    assert trainer.optimizer_steps == 2 and latest_checkpoint(small_config.output_dir) is None
+
+
 def test_dataset_without_prompt_column(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     renamed = train_dataset.rename_column("prompt", "messages")
