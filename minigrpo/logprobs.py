@@ -195,19 +195,26 @@ def batched_per_token_logps(
     batch_size: int,
     temperature: float = 1.0,
     chunk_size: int = 4096,
+    num_generations: int = 1,
 ) -> torch.Tensor:
-    """per_token_logps without gradients, `batch_size` rows at a time (old / reference log-probs). -> (N, T)"""
-    parts = [
-        per_token_logps(
-            model,
-            input_ids[i : i + batch_size],
-            attention_mask[i : i + batch_size],
-            logits_to_keep,
-            temperature,
-            chunk_size,
-        )[0]
-        for i in range(0, input_ids.shape[0], batch_size)
-    ]
+    """per_token_logps without gradients, `batch_size` rows at a time (old / reference log-probs). -> (N, T)
+
+    num_generations=G > 1 says the rows are group-major, G copies of each
+    prompt: a micro-batch of whole groups then runs each prompt once
+    (shared_prompt_per_token_logps); any other micro-batch takes the plain path.
+    """
+    N, L = input_ids.shape
+    P, G = L - logits_to_keep, num_generations
+    parts = []
+    for rows in (slice(i, i + batch_size) for i in range(0, N, batch_size)):
+        ids, mask = input_ids[rows], attention_mask[rows]  # (n, L)
+        if G > 1 and ids.shape[0] % G == 0:
+            logps = shared_prompt_per_token_logps(
+                model, ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], G, temperature, chunk_size
+            )[0]
+        else:
+            logps = per_token_logps(model, ids, mask, logits_to_keep, temperature, chunk_size)[0]
+        parts.append(logps)  # (n, T)
     return torch.cat(parts)  # (N, T)
 
 

@@ -18,6 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from minigrpo.logprobs import (
+    batched_per_token_logps,
     cache_argument,
     completion_position_ids,
     per_token_logps,
@@ -234,15 +235,6 @@ def completion_logps(model, rollout: Rollout, config, rows: slice = slice(None))
     return per_token_logps(model, input_ids, attention_mask, T, config.temperature, config.logprob_chunk_size)
 
 
-@torch.no_grad()
-def batched_completion_logps(model, rollout: Rollout, config) -> torch.Tensor:
-    """completion_logps without gradients, per_device_train_batch_size rows at a time (old / reference). -> (N, T)"""
-    N, batch_size = rollout.completion_ids.shape[0], config.per_device_train_batch_size
-    return torch.cat(
-        [completion_logps(model, rollout, config, slice(i, i + batch_size))[0] for i in range(0, N, batch_size)]
-    )
-
-
 def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None) -> Rollout:
     """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
 
@@ -266,9 +258,16 @@ def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None
         completions=[],
     )
     rollout.completions = tokenizer.batch_decode(rollout.completion_id_lists(), skip_special_tokens=True)
+    input_ids, attention_mask, T = rollout.input_ids, rollout.attention_mask, completion_ids.shape[1]
+    options = dict(
+        batch_size=config.per_device_train_batch_size,
+        temperature=config.temperature,
+        chunk_size=config.logprob_chunk_size,
+        num_generations=config.num_generations if getattr(config, "share_prompt_prefix", False) else 1,
+    )
     with precision_context(device):
         if config.num_iterations > 1:
-            rollout.old_per_token_logps = batched_completion_logps(model, rollout, config)
+            rollout.old_per_token_logps = batched_per_token_logps(model, input_ids, attention_mask, T, **options)
         if config.beta != 0.0:
-            rollout.ref_per_token_logps = batched_completion_logps(ref_model, rollout, config)
+            rollout.ref_per_token_logps = batched_per_token_logps(ref_model, input_ids, attention_mask, T, **options)
     return rollout
