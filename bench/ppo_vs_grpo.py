@@ -1,5 +1,8 @@
 """PPO vs GRPO on the same model, task, prompts and number of generated completions per step.
 
+Runs on any CPU (the tiny Qwen) or any CUDA machine, from a checkout of the repository after
+`pip install -e ".[bench]"`:
+
     python bench/ppo_vs_grpo.py                                   # tiny Qwen on the CPU, a few minutes
     python bench/ppo_vs_grpo.py --steps 3 --eval-size 32          # a smoke run
     python bench/ppo_vs_grpo.py --model qwen0.5b-shape            # Qwen2.5-0.5B's shape, random weights (GPU, offline)
@@ -13,7 +16,7 @@ clip range, KL coefficient beta and reference model. What differs is the algorit
 group-normalised reward with the KL in the loss; PPO's comes from a critic (a copy of the policy's transformer with
 a scalar head, trained alongside) through GAE, with the KL inside the per-token reward.
 
-What is measured (see `minigrpo.ppo.run_algorithm`), each algorithm in a fresh Python process so that one's freed
+What is measured (see `minigrpo.measure.run_algorithm`), each algorithm in a fresh Python process so that one's freed
 memory cannot hide the other's peak:
 - parameters held in memory, trainable and frozen, per model (policy, reference, critic);
 - peak memory. GPU: torch.cuda.max_memory_allocated() since just before the model was loaded. CPU: the peak resident
@@ -32,12 +35,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
-
-from minigrpo.ppo import compare_ppo_grpo, format_table, summary  # noqa: E402
+from minigrpo.measure import compare_ppo_grpo, format_table, summary
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -32,28 +32,19 @@ Notation as everywhere: N completions, T completion tokens (right-padded),
 from __future__ import annotations
 
 import copy
-import json
-import math
-import os
-import re
-import subprocess
-import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import batched_per_token_logps, completion_position_ids, masked_mean, per_token_logps
 from minigrpo.losses import kl_penalty
-from minigrpo.models import build_tiny_tokenizer, load_model_and_tokenizer, pick_device, precision_context
+from minigrpo.models import precision_context
 from minigrpo.rollout import Rollout
-from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
-from minigrpo.trainer import GRPOTrainer, Trainer
+from minigrpo.trainer import Trainer, micro_batches
 
 
 # --- the math: small pure functions on (N, T) tensors -------------------------------------------------------
@@ -331,21 +322,14 @@ class PPOTrainer(Trainer):
         self.critic = critic if critic is not None else ValueModel.from_policy(model)  # before the optimizer exists
         self.critic.train()
         super().__init__(model, tokenizer, reward_funcs, train_dataset, config, eval_dataset, ref_model)
-        self._give_critic_its_learning_rate()
 
     def trainable_modules(self) -> dict[str, nn.Module]:
         return {**super().trainable_modules(), "critic": self.critic}
 
-    def _give_critic_its_learning_rate(self) -> None:
-        """Move the critic's parameters into their own optimizer group (lr = config.value_learning_rate)."""
-        critic_params = {id(p) for p in self.critic.parameters()}
-        group = self.optimizer.param_groups[0]
-        group["params"] = [p for p in group["params"] if id(p) not in critic_params]
-        self.optimizer.add_param_group(
-            {"params": [p for p in self.critic.parameters() if p.requires_grad], "lr": self.config.value_learning_rate}
-        )
-        schedule = self.scheduler.lr_lambdas[0]  # the same warm-up / decay for both groups
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+    def optimizer_param_groups(self) -> list[dict]:
+        """The policy's group, then the critic's at its own step size (config.value_learning_rate)."""
+        critic = [p for p in self.critic.parameters() if p.requires_grad]
+        return [*super().optimizer_param_groups(), {"params": critic, "lr": self.config.value_learning_rate}]
 
     # --- scoring: values, KL-in-reward, GAE (no gradients) -----------------------------------------------------
     @torch.no_grad()
@@ -362,8 +346,9 @@ class PPOTrainer(Trainer):
                     self.model, input_ids, attention_mask, T, config.per_device_train_batch_size,
                     config.temperature, config.logprob_chunk_size,
                 )  # fmt: skip
+            batches = micro_batches(len(input_ids), config.per_device_train_batch_size)
             old_values = torch.cat(
-                [self.critic(input_ids[rows], attention_mask[rows], T) for rows in self._row_slices(len(input_ids))]
+                [self.critic(input_ids[rows], attention_mask[rows], T) for rows in batches]
             )  # (N, T)
         if rollout.ref_per_token_logps is not None:
             kl = kl_penalty(old_logps, rollout.ref_per_token_logps, config.kl_estimator)  # (N, T)
@@ -376,17 +361,6 @@ class PPOTrainer(Trainer):
         return dict(
             old_logps=old_logps, old_values=old_values, kl=kl, advantages=advantages, returns=returns, mask=mask
         )
-
-    def loss_mask(self, rollout: Rollout) -> torch.Tensor:
-        mask = rollout.completion_mask
-        if self.config.mask_truncated_completions:
-            mask = mask * (~rollout.is_truncated).unsqueeze(1)  # (N, T)
-        return mask
-
-    def _row_slices(self, num_rows: int) -> list[slice]:
-        """Micro-batches of per_device_train_batch_size completions."""
-        size = self.config.per_device_train_batch_size
-        return [slice(start, start + size) for start in range(0, num_rows, size)]
 
     # --- the update -------------------------------------------------------------------------------------------
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
@@ -414,15 +388,13 @@ class PPOTrainer(Trainer):
         config = self.config
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         T = rollout.completion_ids.shape[1]
-        accumulation = config.gradient_accumulation_steps
-        totals: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
-        for rows in self._row_slices(input_ids.shape[0]):
+
+        def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
             mask = scored["mask"][rows]
             with precision_context(self.device):
                 logps, entropy = per_token_logps(
                     self.model, input_ids[rows], attention_mask[rows], T, config.temperature, config.logprob_chunk_size
-                )
+                )  # (n, T), (n, T)
                 values = self.critic(input_ids[rows], attention_mask[rows], T)  # (n, T)
             policy_loss, policy_clipped = clipped_policy_loss(
                 logps, scored["old_logps"][rows], scored["advantages"][rows], mask, config.epsilon_low,
@@ -432,8 +404,7 @@ class PPOTrainer(Trainer):
                 values, scored["old_values"][rows], scored["returns"][rows], mask, config.cliprange_value
             )
             loss = policy_loss + config.vf_coef * value_loss - entropy_bonus(entropy, mask, config.entropy_coef)
-            (loss / accumulation).backward()
-            step_metrics = {
+            return loss, {
                 "loss": loss.item(),
                 "loss/policy": policy_loss.item(),
                 "loss/value": value_loss.item(),
@@ -441,250 +412,18 @@ class PPOTrainer(Trainer):
                 "values/clipfrac": value_clipped.item(),
                 "entropy": masked_mean(entropy.detach(), mask).item(),
             }
-            for key, value in step_metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / accumulation
-        totals["grad_norm"] = self.clip_and_step()
-        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        return totals
+
+        return self.accumulate_and_step(len(input_ids), micro_batch_loss)
 
 
-# --- measuring PPO against GRPO (bench/ppo_vs_grpo.py and lesson 05 call this) ---------------------------------
-ALGORITHMS = ("grpo", "ppo")
-BENCH_REWARD_WEIGHTS = [1.0, 0.1]  # correctness + 0.1 x format, as `python -m minigrpo train`
-QWEN_SHAPE = "qwen0.5b-shape"  # Qwen2.5-0.5B's architecture with random weights: no Hub needed
-
-
-def qwen_shape_config(vocab_size: int = 151_936, **overrides) -> Qwen2Config:
-    """Qwen2.5-0.5B-Instruct's configuration (494M parameters), for a random-init model built offline."""
-    shape = dict(
-        vocab_size=vocab_size,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1_000_000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-    )
-    return Qwen2Config(**{**shape, **overrides})
-
-
-def load_benchmark_model(name: str, device=None, **shape_overrides):
-    """ "tiny", a Hub id / path, or "qwen0.5b-shape": Qwen2.5-0.5B's shape with random weights and the tiny
-    character tokenizer (it samples ids the tokenizer cannot decode; memory and time are what it measures)."""
-    if name != QWEN_SHAPE:
-        return load_model_and_tokenizer(name, device)
-    tokenizer = build_tiny_tokenizer()
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = qwen_shape_config(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
-    for key, value in shape_overrides.items():
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=tokenizer.pad_token_id)
-    return model.to(device if device is not None else pick_device()), tokenizer
-
-
-def parameter_counts(trainer: Trainer) -> dict[str, dict[str, int]]:
-    """Parameters held in memory per model: {"policy": {"trainable", "frozen"}, "reference": ..., "critic": ...}."""
-    models = {"policy": trainer.model, "reference": trainer.ref_model, "critic": getattr(trainer, "critic", None)}
-    return {
-        name: {
-            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "frozen": sum(p.numel() for p in model.parameters() if not p.requires_grad),
-        }
-        for name, model in models.items()
-        if model is not None
-    }
-
-
-def _rss_bytes(field: str) -> int:
-    """VmRSS (now) or VmHWM (peak since the last reset) of this process, from /proc/self/status."""
-    match = re.search(rf"^{field}:\s+(\d+) kB", open("/proc/self/status").read(), re.MULTILINE)
-    return int(match.group(1)) * 1024
-
-
-def _reset_peak_rss() -> None:
-    """Linux: writing 5 to clear_refs resets VmHWM to the current RSS (since Linux 4.0)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _curve(history: list[dict], completions_per_step: int) -> dict[str, list]:
-    return {
-        "completions": [m["step"] * completions_per_step for m in history],
-        "reward": [m["reward"] for m in history],
-        "eval/accuracy": [m.get("eval/accuracy") for m in history],
-    }
-
-
-def _seconds_per_step(history: list[dict]) -> dict[str, float]:
-    """Mean seconds per step: rollout (generate + reference / old log-probs), scoring (reward functions,
-    and for PPO the critic's values, the KL-in-reward and GAE), update (the gradient passes)."""
-    mean = lambda key: sum(m.get(key, 0.0) for m in history) / len(history)  # noqa: E731
-    return {
-        "rollout": mean("time/rollout"),
-        "scoring": mean("time/rewards") + mean("time/scoring"),
-        "update": mean("time/update") - mean("time/scoring"),
-    }
-
-
-def run_algorithm(
-    algorithm: str,
-    model: str = "tiny",
-    config_overrides: dict | None = None,
-    train_size: int = 2000,
-    eval_size: int = 200,
-    output_dir: str = "runs/ppo_vs_grpo",
-) -> dict:
-    """Train one algorithm and measure it; meant to run alone in a fresh process (see compare_ppo_grpo).
-
-    Peak memory: on a GPU, torch.cuda.max_memory_allocated since just before
-    the model was loaded. On a CPU, the peak resident set size (VmHWM) minus
-    the RSS just before the model was loaded (Python, torch and the datasets
-    are the same for both algorithms and are not training memory).
-    """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r}: choose 'grpo' or 'ppo'.")
-    train_data = make_arithmetic_dataset(train_size, "train", seed=0)
-    eval_data = make_arithmetic_dataset(eval_size, "test", seed=0)
-    device = pick_device()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        baseline = _rss_bytes("VmRSS")
-        _reset_peak_rss()
-    policy, tokenizer = load_benchmark_model(model, device)
-    config_class, trainer_class = (GRPOConfig, GRPOTrainer) if algorithm == "grpo" else (PPOConfig, PPOTrainer)
-    preset = config_class.tiny_cpu if model == "tiny" else config_class.qwen_t4
-    overrides = {"reward_weights": BENCH_REWARD_WEIGHTS, "save_steps": 0, **(config_overrides or {})}
-    if "per_device_train_batch_size" not in overrides:  # the preset's micro-batch must divide N = B * G
-        defaults = preset()
-        n = overrides.get("prompts_per_step", defaults.prompts_per_step)
-        n *= overrides.get("num_generations", defaults.num_generations)
-        overrides["per_device_train_batch_size"] = math.gcd(n, defaults.per_device_train_batch_size)
-    config = preset(**{**overrides, "output_dir": f"{output_dir}/{algorithm}"})
-    reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
-    trainer = trainer_class(policy, tokenizer, reward_funcs, train_data, config, eval_dataset=eval_data)
-    accuracy_before = trainer.evaluate()["eval/accuracy"]
-    started = time.perf_counter()
-    history = trainer.train()
-    seconds = time.perf_counter() - started
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = _rss_bytes("VmHWM") - baseline
-    return {
-        "params": parameter_counts(trainer),
-        "peak_memory_bytes": int(peak),
-        "seconds_per_step": _seconds_per_step(history),
-        "curve": _curve(history, config.num_completions),
-        "accuracy_before": accuracy_before,
-        "accuracy": next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), accuracy_before),
-        "train_seconds": seconds,
-        "config": {k: v for k, v in asdict(config).items() if not isinstance(v, list)},
-    }
-
-
-_CHILD = (  # python -c _CHILD '<json arguments>' <result file>
-    "import json, sys; from minigrpo.ppo import run_algorithm; "
-    "json.dump(run_algorithm(**json.loads(sys.argv[1])), open(sys.argv[2], 'w'))"
+# --- the measuring code moved to minigrpo.measure; these names stay importable from here -------------------------
+from minigrpo.measure import (  # noqa: E402, F401
+    QWEN_SHAPE,
+    compare_ppo_grpo,
+    format_table,
+    load_benchmark_model,
+    parameter_counts,
+    qwen_shape_config,
+    run_algorithm,
+    summary,
 )
-
-
-def compare_ppo_grpo(
-    model: str = "tiny",
-    max_steps: int = 60,
-    eval_steps: int = 15,
-    train_size: int = 2000,
-    eval_size: int = 200,
-    output_dir: str = "runs/ppo_vs_grpo",
-    verbose: bool = True,
-    ppo_overrides: dict | None = None,
-    **config_overrides,
-) -> dict:
-    """GRPO and PPO on the same model, task, prompts and completions per step, each in a fresh process.
-
-    A fresh Python process per algorithm, so that one's freed memory cannot
-    hide the other's peak. `config_overrides` go to both configs, `ppo_overrides` (critic_learning_rate, lam,
-    vf_coef, ...) to PPO's only. Returns {"device", "model", "algorithms": {"grpo":
-    {...}, "ppo": {...}}} with, per algorithm, parameters per model, peak
-    memory, seconds per step (rollout / scoring / update) and the reward and
-    held-out accuracy curves against generated completions.
-    """
-    results = {"device": pick_device().type, "model": model, "algorithms": {}}
-    if torch.cuda.is_available():
-        results["device_name"] = torch.cuda.get_device_name(0)
-    overrides = dict(max_steps=max_steps, eval_steps=eval_steps, **config_overrides)
-    for algorithm in ALGORITHMS:
-        arguments = dict(
-            algorithm=algorithm,
-            model=model,
-            config_overrides={**overrides, **(ppo_overrides or {})} if algorithm == "ppo" else overrides,
-            train_size=train_size,
-            eval_size=eval_size,
-            output_dir=output_dir,
-        )
-        with tempfile.TemporaryDirectory() as folder:
-            out = os.path.join(folder, "result.json")
-            started = time.perf_counter()
-            command = [sys.executable, "-c", _CHILD, json.dumps(arguments), out]
-            done = subprocess.run(command, capture_output=True, env=_child_environment())
-            if done.returncode != 0:
-                raise RuntimeError(f"the {algorithm} run failed:\n{done.stderr.decode()[-3000:]}")
-            results["algorithms"][algorithm] = json.load(open(out))
-        if verbose:
-            print(f"{algorithm}: {max_steps} steps in {time.perf_counter() - started:.0f} s (fresh process)")
-    return results
-
-
-def _child_environment() -> dict:
-    """This process's environment, with this copy of minigrpo first on the path (works without installing)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
-
-
-def summary(results: dict) -> dict:
-    """The headline numbers: peak memory of each, their ratio (GRPO / PPO), final held-out accuracy of each."""
-    grpo, ppo = results["algorithms"]["grpo"], results["algorithms"]["ppo"]
-    return {
-        "grpo_peak_mem": grpo["peak_memory_bytes"],
-        "ppo_peak_mem": ppo["peak_memory_bytes"],
-        "peak_memory_ratio": round(grpo["peak_memory_bytes"] / ppo["peak_memory_bytes"], 3),
-        "grpo_accuracy": grpo["accuracy"],
-        "ppo_accuracy": ppo["accuracy"],
-        "completions": grpo["curve"]["completions"][-1],
-        "device": results["device"],
-        "model": results["model"],
-    }
-
-
-def format_table(results: dict) -> str:
-    """A plain-text table of the comparison (one column per algorithm)."""
-    grpo, ppo = results["algorithms"]["grpo"], results["algorithms"]["ppo"]
-    count = lambda r, kind: sum(m[kind] for m in r["params"].values())  # noqa: E731
-    models = lambda r: " + ".join(r["params"])  # noqa: E731
-    rows = [
-        ("models in memory", models(grpo), models(ppo)),
-        ("trainable parameters", f"{count(grpo, 'trainable'):,}", f"{count(ppo, 'trainable'):,}"),
-        ("frozen parameters", f"{count(grpo, 'frozen'):,}", f"{count(ppo, 'frozen'):,}"),
-        ("peak memory (MB)", f"{grpo['peak_memory_bytes'] / 2**20:.1f}", f"{ppo['peak_memory_bytes'] / 2**20:.1f}"),
-    ]
-    for part in ("rollout", "scoring", "update"):
-        rows.append((f"s/step {part}", f"{grpo['seconds_per_step'][part]:.2f}", f"{ppo['seconds_per_step'][part]:.2f}"))
-    rows += [
-        ("completions generated", f"{grpo['curve']['completions'][-1]:,}", f"{ppo['curve']['completions'][-1]:,}"),
-        ("held-out accuracy before", f"{grpo['accuracy_before']:.3f}", f"{ppo['accuracy_before']:.3f}"),
-        ("held-out accuracy after", f"{grpo['accuracy']:.3f}", f"{ppo['accuracy']:.3f}"),
-        ("mean reward, last step", f"{grpo['curve']['reward'][-1]:.3f}", f"{ppo['curve']['reward'][-1]:.3f}"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{'':{width}}  {'GRPO':>14}  {'PPO':>22}"]
-    lines += [f"{name:{width}}  {g:>14}  {p:>22}" for name, g, p in rows]
-    ratio = grpo["peak_memory_bytes"] / ppo["peak_memory_bytes"]
-    lines.append(f"peak memory GRPO / PPO = {ratio:.2f} ({results['device']}, model {results['model']})")
-    return "\n".join(lines)

@@ -2,25 +2,17 @@
 and the shared-prompt fast path equals the plain path."""
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from minigrpo.logprobs import per_token_logps, shared_prompt_per_token_logps
+from minigrpo.crosscheck import crosscheck
+from minigrpo.logprobs import batched_per_token_logps, per_token_logps, shared_prompt_per_token_logps
 from minigrpo.rollout import completion_logps, generate_completions, sample_group_rollout, tokenize_prompts
-
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (the bench extra)")
 def test_loss_advantages_and_gradients_match_trl_for_each_loss_type():
-    sys.path.insert(0, str(BENCH))
-    try:
-        from vs_trl import crosscheck
-    finally:
-        sys.path.remove(str(BENCH))
     diffs = crosscheck("tiny", prompts=2, generations=4, max_completion_length=24, beta=0.04, verbose=True)
     assert diffs["kl"] > 1e-5  # the policy really differs from the reference: the KL term is tested
     assert diffs["advantages"] <= 1e-5
@@ -63,6 +55,13 @@ def test_shared_prompt_logps_and_gradients_equal_the_plain_path(tiny, train_data
     on = completion_logps(model, rollout, config.replace(share_prompt_prefix=True))[0]
     off = completion_logps(model, rollout, config.replace(share_prompt_prefix=False))[0]
     assert torch.allclose(on[mask], off[mask], atol=1e-4)
+    # the no-grad batched version (old / reference log-probs): whole groups shared, a ragged last batch plain
+    G = config.num_generations
+    for batch_size in (2 * G, 3):
+        batched = batched_per_token_logps(
+            model, rollout.input_ids, rollout.attention_mask, T, batch_size, num_generations=G
+        )
+        assert torch.allclose(batched[mask], plain[0][mask], atol=1e-4)
 
 
 def test_generation_from_a_shared_prompt_cache_equals_plain_generation(tiny, train_dataset, small_config):

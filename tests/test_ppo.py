@@ -14,11 +14,8 @@ from minigrpo.ppo import (
     clipped_policy_loss,
     clipped_value_loss,
     compute_gae,
-    format_table,
     masked_whiten,
     per_token_rewards,
-    run_algorithm,
-    summary,
 )
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 from minigrpo.trainer import Trainer
@@ -202,18 +199,3 @@ def test_ppo_trainer_wants_a_ppo_config(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     with pytest.raises(TypeError, match="PPOTrainer needs a PPOConfig"):
         PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
-
-
-# --- the benchmark's measuring code --------------------------------------------------------------------------
-def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
-    overrides = dict(max_steps=1, eval_steps=1, prompts_per_step=2, num_generations=4, per_device_train_batch_size=8)
-    result = run_algorithm("ppo", "tiny", overrides, train_size=32, eval_size=8, output_dir=str(tmp_path))
-    assert set(result["params"]) == {"policy", "reference", "critic"}
-    assert result["params"]["critic"]["trainable"] > result["params"]["policy"]["trainable"]  # + the value head
-    assert result["params"]["reference"] == {"trainable": 0, "frozen": result["params"]["policy"]["trainable"]}
-    assert result["peak_memory_bytes"] > 0
-    assert set(result["seconds_per_step"]) == {"rollout", "scoring", "update"}
-    assert result["curve"]["completions"] == [8] and len(result["curve"]["eval/accuracy"]) == 1
-    results = {"device": "cpu", "model": "tiny", "algorithms": {"grpo": result, "ppo": result}}
-    assert summary(results)["peak_memory_ratio"] == 1.0
-    assert "peak memory GRPO / PPO = 1.00" in format_table(results)

@@ -1,0 +1,305 @@
+"""Measuring code for the benchmarks: memory readers, fresh-process runs, the Qwen-shaped model, PPO vs GRPO.
+
+Shared by ``bench/ppo_vs_grpo.py``, ``bench/vs_trl.py``, lesson 05 and the
+tests. Nothing here is part of the algorithms: it loads models, trains them,
+reads the clock and the memory, and formats tables.
+
+Peak memory. On a GPU, ``torch.cuda.max_memory_allocated``. On a CPU, the
+resident set size (RSS) of this process from ``/proc/self/status``: VmRSS now,
+VmHWM the peak since the last reset (Linux resets it through
+``/proc/self/clear_refs``), so a peak can be measured from a baseline taken
+after the libraries are loaded. Two runs in one process would hide each
+other's peak (freed memory stays with the allocator), hence one fresh Python
+process per run (``run_in_fresh_process``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+
+import torch
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from minigrpo.config import GRPOConfig
+from minigrpo.models import build_tiny_tokenizer, load_model_and_tokenizer, pick_device
+from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
+from minigrpo.trainer import GRPOTrainer, Trainer
+
+ALGORITHMS = ("grpo", "ppo")
+QWEN_SHAPE = "qwen0.5b-shape"  # Qwen2.5-0.5B's architecture with random weights: no Hub needed
+
+
+# --- memory ----------------------------------------------------------------------------------------------
+def rss_bytes(field: str = "VmRSS") -> int:
+    """VmRSS (now) or VmHWM (peak since the last reset) of this process, from /proc/self/status (Linux)."""
+    with open("/proc/self/status") as f:
+        match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    return int(match.group(1)) * 1024
+
+
+def reset_peak_rss() -> None:
+    """Linux: writing 5 to clear_refs resets VmHWM to the current RSS (since Linux 4.0)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_memory_mib(device: str) -> dict:
+    """{"peak_rss_mib": the process's peak RSS since it started, and on CUDA "peak_gpu_mib": peak allocated}."""
+    report = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # ru_maxrss is in KiB
+    if device.startswith("cuda"):
+        report["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return report
+
+
+# --- a fresh process per run -------------------------------------------------------------------------------
+_CHILD = (  # python -c _CHILD module function '<json arguments>' <result file>
+    "import importlib, json, sys; function = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
+    "json.dump(function(**json.loads(sys.argv[3])), open(sys.argv[4], 'w'))"
+)
+
+
+def run_in_fresh_process(module: str, function: str, arguments: dict) -> dict:
+    """module.function(**arguments) in a new Python process; returns its JSON-able result.
+
+    Raises RuntimeError with the end of the child's stderr when it fails.
+    """
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "result.json")
+        command = [sys.executable, "-c", _CHILD, module, function, json.dumps(arguments), out]
+        done = subprocess.run(command, capture_output=True, env=_child_environment())
+        if done.returncode != 0:
+            raise RuntimeError(f"{module}.{function} failed in its process:\n{done.stderr.decode()[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def _child_environment() -> dict:
+    """This process's environment, with this copy of minigrpo first on the path (works without installing)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
+
+
+# --- the Qwen-shaped model ---------------------------------------------------------------------------------
+
+
+def qwen_shape_config(vocab_size: int = 151_936, **overrides) -> Qwen2Config:
+    """Qwen2.5-0.5B-Instruct's configuration (494M parameters, its config.json), for a random-init model built
+    offline. Token ids (eos, pad, bos) depend on the tokenizer: pass them as overrides."""
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        max_window_layers=21,
+        sliding_window=32768,
+        use_sliding_window=False,
+        attention_dropout=0.0,
+        initializer_range=0.02,
+    )
+    return Qwen2Config(**{**shape, **overrides})
+
+
+def load_benchmark_model(name: str, device=None, **shape_overrides):
+    """ "tiny", a Hub id / path, or "qwen0.5b-shape": Qwen2.5-0.5B's shape with random weights and the tiny
+    character tokenizer (it samples ids the tokenizer cannot decode; memory and time are what it measures)."""
+    if name != QWEN_SHAPE:
+        return load_model_and_tokenizer(name, device)
+    tokenizer = build_tiny_tokenizer()
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = qwen_shape_config(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    for key, value in shape_overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=tokenizer.pad_token_id)
+    return model.to(device if device is not None else pick_device()), tokenizer
+
+
+# --- PPO vs GRPO (bench/ppo_vs_grpo.py and lesson 05) -----------------------------------------------------
+def parameter_counts(trainer: Trainer) -> dict[str, dict[str, int]]:
+    """Parameters held in memory per model: {"policy": {"trainable", "frozen"}, "reference": ..., "critic": ...}."""
+    models = {"policy": trainer.model, "reference": trainer.ref_model, "critic": getattr(trainer, "critic", None)}
+    return {
+        name: {
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "frozen": sum(p.numel() for p in model.parameters() if not p.requires_grad),
+        }
+        for name, model in models.items()
+        if model is not None
+    }
+
+
+def _curve(history: list[dict], completions_per_step: int) -> dict[str, list]:
+    return {
+        "completions": [m["step"] * completions_per_step for m in history],
+        "reward": [m["reward"] for m in history],
+        "eval/accuracy": [m.get("eval/accuracy") for m in history],
+    }
+
+
+def _seconds_per_step(history: list[dict]) -> dict[str, float]:
+    """Mean seconds per step: rollout (generate + reference / old log-probs), scoring (reward functions,
+    and for PPO the critic's values, the KL-in-reward and GAE), update (the gradient passes)."""
+    mean = lambda key: sum(m.get(key, 0.0) for m in history) / len(history)  # noqa: E731
+    return {
+        "rollout": mean("time/rollout"),
+        "scoring": mean("time/rewards") + mean("time/scoring"),
+        "update": mean("time/update") - mean("time/scoring"),
+    }
+
+
+def run_algorithm(
+    algorithm: str,
+    model: str = "tiny",
+    config_overrides: dict | None = None,
+    train_size: int = 2000,
+    eval_size: int = 200,
+    output_dir: str = "runs/ppo_vs_grpo",
+) -> dict:
+    """Train one algorithm and measure it; meant to run alone in a fresh process (see compare_ppo_grpo).
+
+    Peak memory: on a GPU, torch.cuda.max_memory_allocated since just before
+    the model was loaded. On a CPU, the peak resident set size (VmHWM) minus
+    the RSS just before the model was loaded (Python, torch and the datasets
+    are the same for both algorithms and are not training memory).
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r}: choose 'grpo' or 'ppo'.")
+    from minigrpo.ppo import PPOConfig, PPOTrainer  # here, not at the top: minigrpo.ppo re-exports this module
+
+    train_data = make_arithmetic_dataset(train_size, "train", seed=0)
+    eval_data = make_arithmetic_dataset(eval_size, "test", seed=0)
+    device = pick_device()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        baseline = rss_bytes("VmRSS")
+        reset_peak_rss()
+    policy, tokenizer = load_benchmark_model(model, device)
+    config_class, trainer_class = (GRPOConfig, GRPOTrainer) if algorithm == "grpo" else (PPOConfig, PPOTrainer)
+    overrides = {"reward_weights": list(REWARD_WEIGHTS), "save_steps": 0, **(config_overrides or {})}
+    if "per_device_train_batch_size" not in overrides:  # the preset's micro-batch must divide N = B * G
+        defaults = config_class.for_model(model)
+        n = overrides.get("prompts_per_step", defaults.prompts_per_step)
+        n *= overrides.get("num_generations", defaults.num_generations)
+        overrides["per_device_train_batch_size"] = math.gcd(n, defaults.per_device_train_batch_size)
+    config = config_class.for_model(model, **{**overrides, "output_dir": f"{output_dir}/{algorithm}"})
+    reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
+    trainer = trainer_class(policy, tokenizer, reward_funcs, train_data, config, eval_dataset=eval_data)
+    accuracy_before = trainer.evaluate()["eval/accuracy"]
+    started = time.perf_counter()
+    history = trainer.train()
+    seconds = time.perf_counter() - started
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = rss_bytes("VmHWM") - baseline
+    return {
+        "params": parameter_counts(trainer),
+        "peak_memory_bytes": int(peak),
+        "seconds_per_step": _seconds_per_step(history),
+        "curve": _curve(history, config.num_completions),
+        "accuracy_before": accuracy_before,
+        "accuracy": next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), accuracy_before),
+        "train_seconds": seconds,
+        "config": {k: v for k, v in asdict(config).items() if not isinstance(v, list)},
+    }
+
+
+def compare_ppo_grpo(
+    model: str = "tiny",
+    max_steps: int = 60,
+    eval_steps: int = 15,
+    train_size: int = 2000,
+    eval_size: int = 200,
+    output_dir: str = "runs/ppo_vs_grpo",
+    verbose: bool = True,
+    ppo_overrides: dict | None = None,
+    **config_overrides,
+) -> dict:
+    """GRPO and PPO on the same model, task, prompts and completions per step, each in a fresh process.
+
+    A fresh Python process per algorithm, so that one's freed memory cannot
+    hide the other's peak. `config_overrides` go to both configs, `ppo_overrides` (critic_learning_rate, lam,
+    vf_coef, ...) to PPO's only. Returns {"device", "model", "algorithms": {"grpo":
+    {...}, "ppo": {...}}} with, per algorithm, parameters per model, peak
+    memory, seconds per step (rollout / scoring / update) and the reward and
+    held-out accuracy curves against generated completions.
+    """
+    results = {"device": pick_device().type, "model": model, "algorithms": {}}
+    if torch.cuda.is_available():
+        results["device_name"] = torch.cuda.get_device_name(0)
+    overrides = dict(max_steps=max_steps, eval_steps=eval_steps, **config_overrides)
+    for algorithm in ALGORITHMS:
+        arguments = dict(
+            algorithm=algorithm,
+            model=model,
+            config_overrides={**overrides, **(ppo_overrides or {})} if algorithm == "ppo" else overrides,
+            train_size=train_size,
+            eval_size=eval_size,
+            output_dir=output_dir,
+        )
+        started = time.perf_counter()
+        results["algorithms"][algorithm] = run_in_fresh_process("minigrpo.measure", "run_algorithm", arguments)
+        if verbose:
+            print(f"{algorithm}: {max_steps} steps in {time.perf_counter() - started:.0f} s (fresh process)")
+    return results
+
+
+def summary(results: dict) -> dict:
+    """The headline numbers: peak memory of each, their ratio (GRPO / PPO), final held-out accuracy of each."""
+    grpo, ppo = results["algorithms"]["grpo"], results["algorithms"]["ppo"]
+    return {
+        "grpo_peak_mem": grpo["peak_memory_bytes"],
+        "ppo_peak_mem": ppo["peak_memory_bytes"],
+        "peak_memory_ratio": round(grpo["peak_memory_bytes"] / ppo["peak_memory_bytes"], 3),
+        "grpo_accuracy": grpo["accuracy"],
+        "ppo_accuracy": ppo["accuracy"],
+        "completions": grpo["curve"]["completions"][-1],
+        "device": results["device"],
+        "model": results["model"],
+    }
+
+
+def format_table(results: dict) -> str:
+    """A plain-text table of the comparison (one column per algorithm)."""
+    grpo, ppo = results["algorithms"]["grpo"], results["algorithms"]["ppo"]
+    count = lambda r, kind: sum(m[kind] for m in r["params"].values())  # noqa: E731
+    models = lambda r: " + ".join(r["params"])  # noqa: E731
+    rows = [
+        ("models in memory", models(grpo), models(ppo)),
+        ("trainable parameters", f"{count(grpo, 'trainable'):,}", f"{count(ppo, 'trainable'):,}"),
+        ("frozen parameters", f"{count(grpo, 'frozen'):,}", f"{count(ppo, 'frozen'):,}"),
+        ("peak memory (MB)", f"{grpo['peak_memory_bytes'] / 2**20:.1f}", f"{ppo['peak_memory_bytes'] / 2**20:.1f}"),
+    ]
+    for part in ("rollout", "scoring", "update"):
+        rows.append((f"s/step {part}", f"{grpo['seconds_per_step'][part]:.2f}", f"{ppo['seconds_per_step'][part]:.2f}"))
+    rows += [
+        ("completions generated", f"{grpo['curve']['completions'][-1]:,}", f"{ppo['curve']['completions'][-1]:,}"),
+        ("held-out accuracy before", f"{grpo['accuracy_before']:.3f}", f"{ppo['accuracy_before']:.3f}"),
+        ("held-out accuracy after", f"{grpo['accuracy']:.3f}", f"{ppo['accuracy']:.3f}"),
+        ("mean reward, last step", f"{grpo['curve']['reward'][-1]:.3f}", f"{ppo['curve']['reward'][-1]:.3f}"),
+    ]
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{'':{width}}  {'GRPO':>14}  {'PPO':>22}"]
+    lines += [f"{name:{width}}  {g:>14}  {p:>22}" for name, g, p in rows]
+    ratio = grpo["peak_memory_bytes"] / ppo["peak_memory_bytes"]
+    lines.append(f"peak memory GRPO / PPO = {ratio:.2f} ({results['device']}, model {results['model']})")
+    return "\n".join(lines)
