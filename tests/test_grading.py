@@ -19,10 +19,11 @@ import torch
 
 from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages
+from minigrpo.grading.cases.logprobs import logps_reference
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import aggregate_loss, clipped_surrogate, kl_penalty
 from minigrpo.ppo import compute_gae
-from minigrpo.tasks.arithmetic import extract_answer, graded_reward
+from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, extract_answer, graded_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +119,7 @@ def make_grpo_step(scale_rewards=None):
 
 RIGHT_ANSWERS = {"A": "batch_std", "B": "shifted_logps", "C": "wrong_detach", "D": "prompt_in_mask"}
 WORKED_DAPO = grading.step_one_loss(
-    group_relative_advantages(torch.tensor([grading.WORKED_EXAMPLE_REWARDS])).flatten(),
+    group_relative_advantages(torch.tensor([WORKED_EXAMPLE_REWARDS])).flatten(),
     torch.tensor(grading.WORKED_EXAMPLE_LENGTHS),
     "dapo",
     64,
@@ -140,7 +141,7 @@ CHECKS = {
         "leaves r_i out",
     ),
     "check_masked_mean": (masked_mean, divide_by_T, "not by T"),
-    "check_per_token_logps": (grading._logps_reference, logps_off_by_one, "off by one"),
+    "check_per_token_logps": (logps_reference, logps_off_by_one, "off by one"),
     "check_clipped_surrogate": (clipped_surrogate, surrogate_with_max, "not max"),
     "check_kl_k3": (lambda a, b: kl_penalty(a, b, "k3"), kl_reversed, "pi_ref / pi_theta"),
     "check_aggregate_loss": (aggregate_loss, aggregate_token_mean, "token-level mean"),
@@ -261,7 +262,7 @@ def test_the_healthy_planted_bug_trainer_matches_the_package():
         (want,), _ = grading.reference_grpo_steps(model, tokenizer, [batch], config, [3])
         model, tokenizer = grading.tiny_model_and_tokenizer()
         ref_model = make_reference_model(model)
-        trainer = grading._make_planted_bug_trainer()(
+        trainer = grading.PlantedBugTrainer(
             model,
             tokenizer,
             [correctness_reward, format_reward],
@@ -269,10 +270,15 @@ def test_the_healthy_planted_bug_trainer_matches_the_package():
             config,
             ref_model=ref_model,
         )
-        rollout, rewards = grading._seeded_rollout(model, tokenizer, batch, config, ref_model, 3)
+        rollout, rewards = grading.seeded_rollout(model, tokenizer, batch, config, ref_model, 3)
         got = trainer.optimize(rollout, rewards)
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+
+
+def test_an_unknown_planted_bug_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="shifted_logps"):  # refused before the trainer is built
+        grading.PlantedBugTrainer(None, None, [graded_reward], [], None, bug="off_by_two")
 
 
 # --- the grade command --------------------------------------------------------------------

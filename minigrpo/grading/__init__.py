@@ -1,0 +1,136 @@
+"""Checks behind the exercises, with points, and the grader that runs them.
+
+A learner's notebook calls a check with the function it wrote::
+
+    from minigrpo.grading import check_group_relative_advantages
+    check_group_relative_advantages(group_relative_advantages)
+
+The check runs a list of cases, each worth some points: hand-made inputs with
+hand-computed answers, and seeded random inputs compared with the package's
+own implementation (the reference), always with an explicit tolerance. It
+prints one line per case (PASS / FAIL, points earned, and a hint on failure)
+and returns a `CheckResult`. It never raises because of the learner's code.
+
+| module | job |
+| --- | --- |
+| framework | cases and points, run_check, comparisons with hints, time limits, the grade-file protocol |
+| cases/ | the cases of each exercise's checks, one module per exercise, registered with `@cases("check_x")` |
+| labs | short runs of the tiny Qwen: the reference GRPO step, the planted-bug trainer of exercise 10 |
+| runner | `python -m minigrpo grade PATH`: execute notebooks, collect their checks, print the scores |
+"""
+
+from minigrpo.grading.cases import (
+    WORKED_EXAMPLE_LENGTHS,
+    check_aggregate_loss,
+    check_clipped_surrogate,
+    check_compute_gae,
+    check_extract_answer,
+    check_failure_modes,
+    check_graded_reward,
+    check_group_relative_advantages,
+    check_grpo_step,
+    check_kl_k3,
+    check_masked_mean,
+    check_per_token_logps,
+    check_reward_hacking,
+    check_rloo_advantages,
+    check_step_one_loss,
+    check_worked_example_step_one_loss,
+    step_one_loss,
+)
+from minigrpo.grading.framework import (
+    CASE_TIMEOUT_S,
+    CASES,
+    GRADE_FILE_ENV,
+    Case,
+    CaseResult,
+    CheckResult,
+    CheckTimeout,
+    Mismatch,
+    cases,
+    expect_close,
+    expect_equal,
+    format_check,
+    last_traceback_line,
+    max_points,
+    record_result,
+    run_case,
+    run_check,
+)
+from minigrpo.grading.labs import (
+    BUGS,
+    DIAGNOSTICS,
+    PlantedBugTrainer,
+    diagnostics_table,
+    planted_bug_run,
+    reference_grpo_steps,
+    seeded_rollout,
+    single_thread,
+    small_grpo_config,
+    tiny_model_and_tokenizer,
+)
+from minigrpo.grading.runner import (
+    GradingError,
+    NotebookReport,
+    collect,
+    expected_checks,
+    find_notebooks,
+    format_scores,
+    grade_command,
+    grade_notebooks,
+)
+
+__all__ = [
+    "BUGS",
+    "CASES",
+    "CASE_TIMEOUT_S",
+    "DIAGNOSTICS",
+    "GRADE_FILE_ENV",
+    "WORKED_EXAMPLE_LENGTHS",
+    "Case",
+    "CaseResult",
+    "CheckResult",
+    "CheckTimeout",
+    "GradingError",
+    "Mismatch",
+    "NotebookReport",
+    "PlantedBugTrainer",
+    "cases",
+    "check_aggregate_loss",
+    "check_clipped_surrogate",
+    "check_compute_gae",
+    "check_extract_answer",
+    "check_failure_modes",
+    "check_graded_reward",
+    "check_group_relative_advantages",
+    "check_grpo_step",
+    "check_kl_k3",
+    "check_masked_mean",
+    "check_per_token_logps",
+    "check_reward_hacking",
+    "check_rloo_advantages",
+    "check_step_one_loss",
+    "check_worked_example_step_one_loss",
+    "collect",
+    "diagnostics_table",
+    "expect_close",
+    "expect_equal",
+    "expected_checks",
+    "find_notebooks",
+    "format_check",
+    "format_scores",
+    "grade_command",
+    "grade_notebooks",
+    "last_traceback_line",
+    "max_points",
+    "planted_bug_run",
+    "record_result",
+    "reference_grpo_steps",
+    "run_case",
+    "run_check",
+    "seeded_rollout",
+    "single_thread",
+    "small_grpo_config",
+    "step_one_loss",
+    "tiny_model_and_tokenizer",
+]

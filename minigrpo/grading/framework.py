@@ -1,0 +1,270 @@
+"""The check framework: cases with points, comparisons with hints, time limits, and the grade file.
+
+A check is a named list of cases, each worth some points. A case runs the
+learner's function and returns normally when it is right, or raises
+`Mismatch(hint)` when it is wrong. `run_check` runs every case of a check,
+prints one line per case (PASS / FAIL, points, the hint on failure) and
+records the result. It never raises because of the learner's code: an
+exception, or a case running past its time limit, is a failed case that shows
+the exception's last traceback line.
+
+Case lists are registered by name with a decorator, in one module per
+exercise (`minigrpo.grading.cases`)::
+
+    @cases("check_kl_k3")
+    def kl_cases() -> list[Case]: ...
+
+How the grader collects results (the protocol)
+----------------------------------------------
+`python -m minigrpo grade PATH` (`minigrpo.grading.runner`) executes each
+notebook in a fresh kernel with the environment variable MINIGRPO_GRADE_FILE
+set; every check appends one JSON line to that file (`CheckResult.to_dict()`:
+check, points, max_points, cases). The last record of a check wins (a re-run
+replaces it). Without MINIGRPO_GRADE_FILE (a learner running the notebook by
+hand) checks only print.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+GRADE_FILE_ENV = "MINIGRPO_GRADE_FILE"
+CASE_TIMEOUT_S = 20.0
+"""Default time limit for one case of a check (the learner's function on one input)."""
+
+
+# --- results ----------------------------------------------------------------------
+@dataclass
+class CaseResult:
+    name: str
+    points: float
+    max_points: float
+    passed: bool
+    message: str = ""
+
+
+@dataclass
+class CheckResult:
+    """What one check_* call returns, prints and records."""
+
+    check: str
+    cases: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def points(self) -> float:
+        return sum(case.points for case in self.cases)
+
+    @property
+    def max_points(self) -> float:
+        return sum(case.max_points for case in self.cases)
+
+    @property
+    def passed(self) -> bool:
+        return all(case.passed for case in self.cases)
+
+    def to_dict(self) -> dict:
+        return {
+            "check": self.check,
+            "points": self.points,
+            "max_points": self.max_points,
+            "cases": [asdict(c) for c in self.cases],
+        }
+
+    def __repr__(self) -> str:
+        return f"CheckResult({self.check}: {format_points(self.points)}/{format_points(self.max_points)})"
+
+
+class Mismatch(Exception):
+    """The learner's answer is wrong; the message is the hint shown to them."""
+
+
+class CheckTimeout(BaseException):
+    """A case ran past its time limit (a BaseException, so `except Exception` in learner code cannot swallow it)."""
+
+
+@dataclass
+class Case:
+    """One graded case: `run(learner_function)` returns normally when right, raises Mismatch(hint) when wrong."""
+
+    name: str
+    points: float
+    run: Callable[[Callable], None]
+    timeout: float = CASE_TIMEOUT_S
+
+
+# --- the registry -------------------------------------------------------------------
+CASES: dict[str, Callable[[], list[Case]]] = {}
+"""check name -> a function that lists its cases (cheap: a case does its work only when run)."""
+
+
+def cases(name: str):
+    """Register a case builder under the check's name: `@cases("check_x")` above `def x_cases() -> list[Case]`."""
+
+    def register(builder: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
+        CASES[name] = builder
+        return builder
+
+    return register
+
+
+# --- running cases ------------------------------------------------------------------
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise CheckTimeout in this thread after `seconds` (SIGALRM; no limit where that is unavailable)."""
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable or seconds <= 0:
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CheckTimeout(f"took longer than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def last_traceback_line(error: BaseException) -> str:
+    """'ValueError: boom' — the last line of the traceback, what a learner reads first."""
+    return traceback.format_exception_only(type(error), error)[-1].strip()
+
+
+def run_case(case: Case, learner: Callable) -> CaseResult:
+    """Run one case; any exception from the learner's code is a failed case, never a crash."""
+    try:
+        with _time_limit(case.timeout):
+            case.run(learner)
+    except Mismatch as wrong:
+        return CaseResult(case.name, 0.0, case.points, False, str(wrong))
+    except CheckTimeout as slow:
+        message = f"timed out: your function {slow} (an infinite loop?)"
+        return CaseResult(case.name, 0.0, case.points, False, message)
+    except NotImplementedError as error:
+        message = f"not implemented yet ({last_traceback_line(error)}): write your solution in place of the raise"
+        return CaseResult(case.name, 0.0, case.points, False, message)
+    except Exception as error:
+        return CaseResult(case.name, 0.0, case.points, False, f"your code raised {last_traceback_line(error)}")
+    return CaseResult(case.name, case.points, case.points, True)
+
+
+def run_check(name: str, learner: Callable, quiet: bool = False) -> CheckResult:
+    """Run every case of check `name` on the learner's function, print the results and record them."""
+    result = CheckResult(name)
+    if not callable(learner):
+        message = f"expected a function, got {type(learner).__name__}: pass the function itself, without calling it"
+        result.cases = [CaseResult(c.name, 0.0, c.points, False, message) for c in CASES[name]()]
+    else:
+        result.cases = [run_case(case, learner) for case in CASES[name]()]
+    if not quiet:
+        print(format_check(result))
+    record_result(result)
+    return result
+
+
+def format_check(result: CheckResult) -> str:
+    lines = [f"{result.check}: {format_points(result.points)}/{format_points(result.max_points)} points"]
+    for case in result.cases:
+        status = "PASS" if case.passed else "FAIL"
+        lines.append(f"  {status}  {case.name}  [{format_points(case.points)}/{format_points(case.max_points)}]")
+        if case.message:
+            lines.append(f"        {case.message}")
+    if result.passed:
+        lines.append("  all cases pass.")
+    return "\n".join(lines)
+
+
+def record_result(result: CheckResult) -> None:
+    """Append the result as one JSON line to $MINIGRPO_GRADE_FILE, when the grader set it."""
+    path = os.environ.get(GRADE_FILE_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(result.to_dict()) + "\n")
+
+
+def max_points(name: str) -> float:
+    return sum(case.points for case in CASES[name]())
+
+
+def format_points(points: float) -> str:
+    """3.0 -> '3', 2.5 -> '2.5'."""
+    return f"{points:g}"
+
+
+# --- comparing answers ----------------------------------------------------------------
+def _as_tensor(value, what: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().double().cpu()
+    try:
+        return torch.as_tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise Mismatch(f"{what}: expected a tensor, got {type(value).__name__}") from None
+
+
+def expect_close(
+    got,
+    want: torch.Tensor,
+    *,
+    atol: float,
+    what: str = "result",
+    hint: str = "",
+    mistakes: Sequence[tuple[str, torch.Tensor]] = (),
+) -> None:
+    """Raise Mismatch unless |got - want| <= atol everywhere (same shape, NaN nowhere it should not be).
+
+    `mistakes` are (hint, what a known wrong implementation returns): when the
+    learner's answer matches one of them, its hint is shown instead of `hint`.
+    """
+    got_t, want_t = _as_tensor(got, what), want.detach().double().cpu()
+    if got_t.shape != want_t.shape:
+        raise Mismatch(f"{what}: expected shape {tuple(want_t.shape)}, got {tuple(got_t.shape)}. {hint}".strip())
+    if _close(got_t, want_t, atol):
+        return
+    for mistake_hint, wrong in mistakes:
+        wrong_t = wrong.detach().double().cpu()
+        if wrong_t.shape == got_t.shape and _close(got_t, wrong_t, atol):
+            raise Mismatch(f"{what} is wrong. Hint: {mistake_hint}")
+    if torch.isnan(got_t).any() and not torch.isnan(want_t).any():
+        raise Mismatch(f"{what} contains NaN where the answer has none. {hint}".strip())
+    error = (got_t - want_t).abs().nan_to_num(nan=math.inf)
+    where = tuple(int(i) for i in torch.nonzero(error == error.max())[0]) if error.dim() else ()
+    detail = f"max |error| {error.max().item():.3g} > {atol:g}"
+    if where:
+        detail += f" at index {where} (got {got_t[where].item():.6g}, expected {want_t[where].item():.6g})"
+    elif not error.dim():
+        detail += f" (got {got_t.item():.6g}, expected {want_t.item():.6g})"
+    raise Mismatch(f"{what}: {detail}. {hint}".strip())
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, atol: float) -> bool:
+    same_nan = torch.equal(torch.isnan(a), torch.isnan(b))
+    return same_nan and bool(((a - b).abs() <= atol)[~torch.isnan(b)].all())
+
+
+def expect_equal(got, want, *, what: str = "result", hint: str = "") -> None:
+    if got != want:
+        raise Mismatch(f"{what}: expected {want!r}, got {got!r}. {hint}".strip())
+
+
+# --- seeded inputs ----------------------------------------------------------------------
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_mask(N: int, T: int, generator: torch.Generator, min_length: int = 1) -> torch.Tensor:
+    """(N, T) right-padded 0/1 mask: row i is ones for a random length in [min_length, T], then zeros."""
+    lengths = torch.randint(min_length, T + 1, (N,), generator=generator)  # (N,)
+    return (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).float()  # (N, T)

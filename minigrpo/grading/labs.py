@@ -1,0 +1,255 @@
+"""Labs: short runs of the bundled tiny Qwen that the checks and the exercises train.
+
+- the tiny model, a small GRPO config and the package's own GRPO step, which the
+  checks of exercises 08 and 09 compare a learner's step and predicted loss with;
+- exercise 10's failure modes: `PlantedBugTrainer`, a GRPOTrainer with one planted
+  silent bug (in the spirit of Spinning Up's problem set 2), the mystery runs it
+  trains and the diagnostics a learner reads to tell the bugs apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import tempfile
+from collections.abc import Sequence
+
+import torch
+
+from minigrpo.advantages import group_relative_advantages, group_rewards
+from minigrpo.config import GRPOConfig
+from minigrpo.logprobs import completion_position_ids, masked_mean
+from minigrpo.losses import aggregate_loss, clipped_surrogate, importance_ratio, kl_penalty
+from minigrpo.models import load_model_and_tokenizer, make_reference_model
+from minigrpo.rewards import compute_rewards
+from minigrpo.rollout import Rollout, repeat_for_group, sample_group_rollout
+from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
+from minigrpo.trainer import GRPOTrainer
+
+
+# --- the tiny Qwen, one thread, one small step ------------------------------------------
+@contextlib.contextmanager
+def single_thread():
+    """torch on one thread for the tiny model: its ops are too small to gain from threads, and threads spin
+    badly when the CPUs are shared (a notebook, a test suite and a grader at once)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+_TINY_CACHE: dict = {}
+
+
+def tiny_model_and_tokenizer():
+    """A fresh copy of the bundled tiny Qwen (loaded once per process, then deep-copied)."""
+    if "model" not in _TINY_CACHE:
+        _TINY_CACHE["model"], _TINY_CACHE["tokenizer"] = load_model_and_tokenizer("tiny", device="cpu")
+    return copy.deepcopy(_TINY_CACHE["model"]), _TINY_CACHE["tokenizer"]
+
+
+def small_grpo_config(output_dir: str, **overrides) -> GRPOConfig:
+    """4 prompts x G=4 on the tiny Qwen, one micro-batch: a GRPO step in a fraction of a second."""
+    preset = dict(
+        prompts_per_step=4,
+        num_generations=4,
+        per_device_train_batch_size=16,
+        max_steps=1,
+        eval_steps=0,
+        save_steps=0,
+        reward_weights=list(REWARD_WEIGHTS),
+        output_dir=output_dir,
+    )
+    return GRPOConfig.tiny_cpu(**{**preset, **overrides})
+
+
+def reference_grpo_steps(model, tokenizer, batches: list[dict], config, seeds: list[int]) -> tuple[list[dict], object]:
+    """The package's GRPO step (GRPOTrainer.optimize) on each batch in turn; returns its metrics and the trainer."""
+    ref_model = make_reference_model(model) if config.beta != 0 else None
+    dataset = make_arithmetic_dataset(16, "train", seed=0)
+    trainer = GRPOTrainer(model, tokenizer, [correctness_reward, format_reward], dataset, config, ref_model=ref_model)
+    results = []
+    for batch, seed in zip(batches, seeds, strict=True):
+        rollout, rewards = seeded_rollout(model, tokenizer, batch, config, ref_model, seed)
+        metrics = trainer.optimize(rollout, rewards)
+        results.append({"loss": metrics["loss"], "reward": rewards.mean().item(), "grad_norm": metrics["grad_norm"]})
+    return results, trainer
+
+
+def seeded_rollout(model, tokenizer, batch: dict, config, ref_model, seed: int) -> tuple[Rollout, torch.Tensor]:
+    """Sample G completions per prompt of `batch` after torch.manual_seed(seed) and score them -> (Rollout, (N,))."""
+    torch.manual_seed(seed)
+    rollout = sample_group_rollout(model, tokenizer, batch["prompt"], config, ref_model)
+    G = config.num_generations
+    columns = {k: repeat_for_group(v, G) for k, v in batch.items() if k != "prompt"}
+    _, rewards = compute_rewards(
+        [correctness_reward, format_reward],
+        repeat_for_group(batch["prompt"], G),
+        rollout.completions,
+        rollout.completion_id_lists(),
+        columns,
+        config.reward_weights,
+    )
+    return rollout, rewards
+
+
+# --- exercise 10: a training run with a planted silent bug --------------------------------
+BUGS = {
+    "shifted_logps": "log-probs shifted by one: completion token t is scored by the logits at position t, not t - 1",
+    "prompt_in_mask": "prompt tokens inside the loss mask: the loss also trains on the prompt",
+    "batch_std": "advantages scaled by the std of the whole batch instead of each group's std",
+    "wrong_detach": "the wrong tensor detached: the current log-probs, so the ratio carries no gradient",
+}
+MYSTERY_RUNS = dict(zip("ABCD", ("batch_std", "shifted_logps", "wrong_detach", "prompt_in_mask"), strict=True))
+"""The answer key of exercise 10: mystery run -> its planted bug."""
+
+
+class PlantedBugTrainer(GRPOTrainer):
+    """GRPOTrainer with one planted bug (or none, bug=None), logging diagnostics/* metrics.
+
+    It overrides `optimize` (the GRPO step, one micro-batch per step) so that each
+    bug sits where it would in real code, and computes its log-probs with
+    `token_logps`, written out in full so the shifted slice and the prompt in the
+    mask are visible. With bug=None its loss and gradient are GRPOTrainer's.
+    """
+
+    def __init__(self, *args, bug: str | None = None, **kwargs):
+        if bug is not None and bug not in BUGS:
+            raise ValueError(f"bug={bug!r}: use None (a healthy run) or one of {sorted(BUGS)}.")
+        super().__init__(*args, **kwargs)
+        self.bug = bug
+
+    def token_logps(self, model, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(N, T') log-probs and entropies of the tokens the loss sees, and their mask (T' = T, or P + T - 1)."""
+        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask  # (N, L)
+        L, T = input_ids.shape[1], rollout.completion_ids.shape[1]
+        logits = (
+            model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=completion_position_ids(attention_mask),
+                use_cache=False,
+            ).logits.float()
+            / self.config.temperature
+        )  # (N, L, V)
+        if self.bug == "prompt_in_mask":
+            scores, labels, mask = logits[:, :-1], input_ids[:, 1:], attention_mask[:, 1:]  # every real token
+        elif self.bug == "shifted_logps":
+            scores, labels, mask = logits[:, L - T :], input_ids[:, L - T :], rollout.completion_mask  # off by one
+        else:
+            scores, labels, mask = logits[:, L - T - 1 : -1], input_ids[:, L - T :], rollout.completion_mask
+        log_probs = torch.log_softmax(scores, dim=-1)  # (N, T', V)
+        logps = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (N, T')
+        entropy = -(log_probs.exp() * log_probs).sum(-1)  # (N, T')
+        return logps, entropy, mask
+
+    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+        config = self.config
+        grouped = group_rewards(rewards, config.num_generations)  # (B, G)
+        scale = "batch" if self.bug == "batch_std" else config.scale_rewards
+        grouped_advantages = group_relative_advantages(
+            grouped, scale, config.baseline, config.std_ddof, config.advantage_epsilon
+        )  # (B, G)
+        advantages = grouped_advantages.flatten()  # (N,)
+        self.optimizer.zero_grad(set_to_none=True)
+        logps, entropy, mask = self.token_logps(self.model, rollout)
+        with torch.no_grad():
+            ref_logps = self.token_logps(self.ref_model, rollout)[0] if config.beta else None
+        current = logps.detach() if self.bug == "wrong_detach" else logps
+        ratio = importance_ratio(current, logps.detach(), mask)  # (N, T')
+        per_token_loss = -clipped_surrogate(ratio, advantages, config.epsilon_low, config.clip_epsilon_high)
+        metrics = {}
+        if config.beta:
+            kl = kl_penalty(logps, ref_logps, config.kl_estimator)  # (N, T')
+            per_token_loss = per_token_loss + config.beta * kl
+            metrics["kl"] = masked_mean(kl.detach(), mask).item()
+        loss = aggregate_loss(per_token_loss, mask, config.loss_type, config.max_completion_length)
+        if loss.requires_grad:  # wrong_detach: nothing to differentiate when beta is 0
+            loss.backward()
+        metrics.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), mask).item())
+        metrics["grad_norm"] = self.clip_and_step()
+        metrics.update(diagnostics(logps.detach(), entropy.detach(), mask, grouped, grouped_advantages))
+        self.scheduler.step()
+        return metrics
+
+
+def diagnostics(
+    logps: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor, grouped: torch.Tensor, grouped_advantages
+) -> dict:
+    """The diagnostics/* metrics that tell the planted bugs apart.
+
+    logps, entropy, mask: (N, T') of the tokens the loss sees; grouped rewards and
+    grouped_advantages: (B, G). On-policy, -log p of the sampled tokens matches the
+    entropy on average (nll_minus_entropy about 0); each group scaled by its own std
+    has advantages of std about 1.
+    """
+    varied = grouped.std(1) > 0  # (B,) groups that carry a signal
+    return {
+        "diagnostics/nll_minus_entropy": (masked_mean(-logps, mask) - masked_mean(entropy, mask)).item(),
+        "diagnostics/loss_tokens_per_completion": mask.sum().item() / mask.shape[0],
+        "diagnostics/advantage_std_in_group": grouped_advantages[varied].std(1).mean().item()
+        if varied.any()
+        else float("nan"),
+    }
+
+
+DIAGNOSTICS = [
+    ("reward", "reward"),
+    ("loss", "loss"),
+    ("grad_norm", "grad_norm"),
+    ("kl", "kl"),
+    ("nll-H", "diagnostics/nll_minus_entropy"),
+    ("loss tok/compl", "diagnostics/loss_tokens_per_completion"),
+    ("compl length", "completions/mean_length"),
+    ("adv std in grp", "diagnostics/advantage_std_in_group"),
+]
+
+
+def planted_bug_run(run: str, max_steps: int, seed: int = 0) -> list[dict]:
+    """Train the tiny Qwen for `max_steps` steps: run "healthy" (no bug) or a mystery run "A".."D".
+
+    Returns the metric history (one dict per step) with the diagnostics/* metrics
+    the exercise reads: nll_minus_entropy (mean -log p of the sampled tokens
+    minus the mean entropy: about 0 on-policy), loss_tokens_per_completion and
+    advantage_std_in_group (about 1 when each group is scaled by its own std).
+    """
+    if run != "healthy" and run not in MYSTERY_RUNS:
+        raise ValueError(f"run={run!r}: use 'healthy' or one of {sorted(MYSTERY_RUNS)}.")
+    model, tokenizer = tiny_model_and_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = small_grpo_config(
+            tmp,
+            prompts_per_step=4,
+            num_generations=8,
+            per_device_train_batch_size=32,
+            max_steps=max_steps,
+            seed=seed,
+            save_steps=10**9,
+        )
+        trainer = PlantedBugTrainer(
+            model,
+            tokenizer,
+            [correctness_reward, format_reward],
+            make_arithmetic_dataset(500, "train", seed=seed),
+            config,
+            ref_model=make_reference_model(model),
+            bug=None if run == "healthy" else MYSTERY_RUNS[run],
+        )
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull), single_thread():
+            return trainer.train()  # no progress bar in the notebook
+
+
+def diagnostics_table(histories: dict[str, list[dict]], steps: Sequence[int] | None = None) -> str:
+    """A text table of the diagnostics of several runs, at the given steps (default: first and last)."""
+    header = f"{'run':>8} {'step':>4} " + " ".join(f"{label:>14}" for label, _ in DIAGNOSTICS)
+    lines = [header, "-" * len(header)]
+    for name, history in histories.items():
+        chosen = sorted({0, len(history) - 1}) if steps is None else [s - 1 for s in steps if s <= len(history)]
+        for index in chosen:
+            metrics = history[index]
+            cells = " ".join(f"{metrics.get(key, float('nan')):>14.4f}" for _, key in DIAGNOSTICS)
+            lines.append(f"{name:>8} {metrics['step']:>4} {cells}")
+    return "\n".join(lines)
