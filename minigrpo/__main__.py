@@ -5,20 +5,32 @@ python -m minigrpo train --max-steps 20 --beta 0 --loss-type dapo
 python -m minigrpo train --resume             # continue from the last checkpoint
 python -m minigrpo eval --model runs/minigrpo/final
 python -m minigrpo pretrain-tiny              # rebuild the bundled tiny Qwen
+
+A mistake in the command (a missing model folder, an output folder that is a
+file, --max-steps 0) is reported on one line before any model is loaded, and
+the command exits with status 2; add --debug to see the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import re
 import sys
 import time
 import types
 import typing
+from pathlib import Path
 
 from minigrpo.config import GRPOConfig
+from minigrpo.rewards import RewardFunctionError
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
+EXIT_USAGE = 2  # the exit status of a command-line mistake, as argparse uses
+# A Hub id: "name" or "org/name" (letters, digits, "-", "_", "."). Anything else that is not on disk is a path.
+_HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +52,78 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, type=base, default=argparse.SUPPRESS)
 
 
+# --- checks that run before any model is loaded ------------------------------------
+def check_model_name(name: str) -> str:
+    """The name to load: "tiny", a Hub id, or an existing model folder (returned with ~ expanded).
+
+    How a Hub id is told from a path: what exists on disk is a path, and must hold a saved model (config.json
+    and tokenizer files); what does not exist is a Hub id if it looks like one ("name" or "org/name"), and a
+    missing folder otherwise (it starts with ".", "/" or "~", or has a backslash or more than one "/").
+    """
+    if name == "tiny":
+        return name
+    path = Path(name).expanduser()
+    if path.is_file():
+        raise ValueError(f"--model {name} is a file: give the folder that holds config.json (from save_pretrained).")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"--model {name} is a folder without config.json, not a saved model: give the folder written by "
+                "save_pretrained (e.g. runs/minigrpo/final), 'tiny', or a Hub id."
+            )
+        if not any((path / file).is_file() for file in _TOKENIZER_FILES):
+            raise ValueError(
+                f"--model {name} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}): save the tokenizer "
+                "into the same folder (tokenizer.save_pretrained)."
+            )
+        return str(path)
+    if _HUB_ID_RE.fullmatch(name):
+        return name
+    raise FileNotFoundError(
+        f"--model {name}: no such folder. Give an existing folder written by save_pretrained, 'tiny', "
+        "or a Hub id such as Qwen/Qwen2.5-0.5B-Instruct."
+    )
+
+
+def check_output_dir(output_dir: str) -> None:
+    """Fail now, not after the first training steps, when `output_dir` is a file or cannot be created or written."""
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--output-dir {output_dir} is a file: give a folder (it is created if missing).")
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the folder it would be created in
+    if not existing.is_dir():
+        raise ValueError(f"--output-dir {output_dir} lies inside the file {existing}: give a folder path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"--output-dir {output_dir} is not writable (no write permission on {existing}): choose another folder."
+        )
+
+
+def check_positive(flag: str, value: int, what: str) -> None:
+    if value < 1:
+        raise ValueError(f"{flag} {value}: {what}; give 1 or more.")
+
+
+def load_checked(model_name: str):
+    """load_model_and_tokenizer, with a Hub failure (no connection, unknown id) turned into one clear line."""
+    from minigrpo.models import load_model_and_tokenizer
+
+    try:
+        return load_model_and_tokenizer(model_name)
+    except OSError as error:
+        reason = _first_line(error)
+        raise OSError(
+            f"could not load --model {model_name} from the Hugging Face Hub ({reason}): check the id and the "
+            "connection, or give a local folder written by save_pretrained."
+        ) from error
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+# --- the commands ---------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minigrpo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("path", help="a .ipynb file or a folder")
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
     grade.add_argument("--timeout", type=int, default=600, help="seconds per notebook")
+    for command in (train, evaluate, pretrain, grade):
+        command.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     return parser
 
 
@@ -75,14 +161,17 @@ def make_config(model_name: str, overrides: dict) -> GRPOConfig:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from minigrpo.models import default_model_name, load_model_and_tokenizer
+    from minigrpo.models import default_model_name
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer, evaluate_model
 
-    model_name = args.model or default_model_name()
+    model_name = check_model_name(args.model or default_model_name())
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     config = make_config(model_name, {k: v for k, v in vars(args).items() if k in fields})
-    model, tokenizer = load_model_and_tokenizer(model_name)
+    check_positive("--max-steps", config.max_steps, "training needs at least one step")
+    check_positive("--eval-size", args.eval_size, "accuracy needs at least one held-out problem")
+    check_output_dir(config.output_dir)
+    model, tokenizer = load_checked(model_name)
     train_data = make_arithmetic_dataset(TRAIN_PROMPTS, "train", seed=config.seed)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=0)
     reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
@@ -95,17 +184,20 @@ def run_train(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     history = trainer.train(resume_from_checkpoint=args.resume)
     final = trainer.save_model()
-    after = next(m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m)
+    after = next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), None)
+    if after is None:  # nothing evaluated in this run (e.g. resumed at max_steps): evaluate now
+        after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval/accuracy"]
     print(f"trained in {time.perf_counter() - started:.0f}s; model saved to {final}")
     print(f"accuracy before: {before:.3f} after: {after:.3f}")
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from minigrpo.models import load_model_and_tokenizer
     from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
     from minigrpo.trainer import evaluate_model
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model_name = check_model_name(args.model)
+    check_positive("--eval-size", args.eval_size, "accuracy needs at least one held-out problem")
+    model, tokenizer = load_checked(model_name)
     config = GRPOConfig(max_prompt_length=256, max_completion_length=128, eval_batch_size=128)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=args.seed)
     accuracy = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval/accuracy"]
@@ -116,7 +208,9 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from minigrpo.models import TINY_MODEL_DIR
     from minigrpo.pretrain import pretrain_tiny
 
-    pretrain_tiny(args.output_dir or TINY_MODEL_DIR, target_accuracy=args.target_accuracy, seed=args.seed)
+    output_dir = args.output_dir or TINY_MODEL_DIR
+    check_output_dir(str(output_dir))
+    pretrain_tiny(output_dir, target_accuracy=args.target_accuracy, seed=args.seed)
 
 
 def run_grade(args: argparse.Namespace) -> int:
@@ -136,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             run_pretrain(args)
         elif args.command == "grade":
             return run_grade(args)
-    except (ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError, RewardFunctionError) as error:
+        if args.debug:
+            raise
+        print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

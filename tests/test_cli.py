@@ -1,0 +1,91 @@
+"""The command line: mistakes are one line on stderr and exit status 2, caught before any model is loaded."""
+
+import pytest
+
+import minigrpo.models
+from minigrpo.__main__ import check_model_name, main
+
+
+@pytest.fixture(autouse=True)
+def no_model_work(monkeypatch, tmp_path):
+    """Every check here must fire before a model is loaded: loading one fails the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the command loaded a model before checking its arguments")
+
+    monkeypatch.setattr(minigrpo.models, "load_model_and_tokenizer", forbidden)
+    monkeypatch.chdir(tmp_path)
+
+
+def run(capsys, *argv: str) -> str:
+    """main(argv) must exit with status 2 and one line on stderr; returns that line."""
+    assert main(list(argv)) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err and "--debug" in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize("path", ["/no/such/minigrpo-model", "runs/nope/final", "./nope", "~/no-such-minigrpo-model"])
+def test_missing_model_folder(capsys, command, path):
+    assert f"--model {path}: no such folder" in run(capsys, command, "--model", path)
+
+
+def test_a_folder_that_is_not_a_model(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert "without config.json" in run(capsys, "eval", "--model", "empty")
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    assert "no tokenizer files" in run(capsys, "eval", "--model", "empty")
+    (tmp_path / "weights.bin").write_text("")
+    assert "is a file" in run(capsys, "train", "--model", "weights.bin")
+
+
+def test_hub_ids_and_folders_are_told_apart(tmp_path):
+    assert check_model_name("tiny") == "tiny"
+    assert check_model_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert check_model_name("gpt2") == "gpt2"  # a Hub id without an organisation
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    assert check_model_name("final") == "final"  # on disk: a path, even though it also looks like a Hub id
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        check_model_name("runs/minigrpo/final")
+
+
+def test_a_hub_failure_is_one_line(capsys, monkeypatch):
+    def offline(name, device=None):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files.\nCheck your connection.")
+
+    monkeypatch.setattr(minigrpo.models, "load_model_and_tokenizer", offline)
+    line = run(capsys, "eval", "--model", "org/name")
+    assert "could not load --model org/name from the Hugging Face Hub (We couldn't connect" in line
+
+
+def test_output_dir_that_is_a_file_or_inside_one(capsys, tmp_path):
+    (tmp_path / "notes.txt").write_text("")
+    assert "--output-dir notes.txt is a file" in run(capsys, "train", "--output-dir", "notes.txt")
+    assert "inside the file" in run(capsys, "train", "--output-dir", "notes.txt/run")
+    assert "is a file" in run(capsys, "pretrain-tiny", "--output-dir", "notes.txt")
+
+
+def test_output_dir_that_is_not_writable(capsys, monkeypatch):
+    monkeypatch.setattr("minigrpo.__main__.os.access", lambda path, mode: False)  # root may write anywhere
+    assert "is not writable" in run(capsys, "train", "--output-dir", "runs/x")
+
+
+def test_zero_steps_or_eval_problems(capsys):
+    assert "--max-steps 0" in run(capsys, "train", "--max-steps", "0")
+    assert "--eval-size 0" in run(capsys, "train", "--eval-size", "0")
+    assert "--eval-size 0" in run(capsys, "eval", "--eval-size", "0")
+
+
+def test_a_bad_config_value_is_one_line(capsys):
+    assert "num_generations" in run(capsys, "train", "--num-generations", "0")
+
+
+def test_debug_shows_the_traceback():
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        main(["eval", "--model", "/no/such/minigrpo-model", "--debug"])
