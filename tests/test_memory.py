@@ -1,0 +1,52 @@
+"""The live-tensor tracker against known allocations, and bench/memory.py on the tiny model."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import torch
+
+from minigrpo.memory import TensorMemoryTracker, optimizer_state, peak_breakdown, storage_bytes
+
+MiB = 1024**2
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "memory.py"
+
+
+def test_a_4_mib_tensor_shows_4_mib_and_disappears_when_freed():
+    with TensorMemoryTracker() as tracker:
+        a = torch.zeros(MiB)  # 1 Mi fp32 values = 4 MiB
+        assert tracker.live_bytes == 4 * MiB
+        b = torch.ones(MiB)
+        a.view(-1, 2).add_(1)  # a view and an in-place op: no new storage
+        assert tracker.live_bytes == 8 * MiB
+        del b
+        assert tracker.live_bytes == 4 * MiB
+        del a
+        assert tracker.live_bytes == 0
+    assert tracker.peak_bytes == 8 * MiB
+
+
+def test_peak_breakdown_finds_gradients_and_optimizer_state():
+    weight = torch.nn.Parameter(torch.randn(512, 512))  # 1 MiB, allocated before the tracker
+    optimizer = torch.optim.AdamW([weight], foreach=False)
+    with TensorMemoryTracker() as tracker:
+        (weight @ weight).sum().backward()
+        optimizer.step()
+    breakdown = peak_breakdown(tracker, storage_bytes([weight]), [weight.grad], optimizer_state(optimizer))
+    assert breakdown["weights"] == MiB
+    assert breakdown["gradients"] == MiB
+    assert breakdown["optimizer_state"] >= 2 * MiB  # exp_avg and exp_avg_sq (+ the step counter)
+    assert breakdown["total"] == MiB + tracker.peak_bytes
+
+
+def test_bench_memory_tiny(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_memory", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "memory.json"
+    assert bench.main(["--model", "tiny", "--preset", "tiny", "--json-out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["completion_length"] == 24  # forced to max_completion_length
+    update = result["update"]
+    assert update["weights"] > 0 and update["activations"] > 0
+    assert result["peak"] >= update["weights"] + update["gradients"] + update["optimizer_state"]
