@@ -31,6 +31,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from minigrpo.config import GRPOConfig
 from minigrpo.models import build_tiny_tokenizer, load_model_and_tokenizer, pick_device
+from minigrpo.ppo import PPOConfig, PPOTrainer
 from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer, Trainer
 
@@ -182,7 +183,6 @@ def run_algorithm(
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r}: choose 'grpo' or 'ppo'.")
-    from minigrpo.ppo import PPOConfig, PPOTrainer  # here, not at the top: minigrpo.ppo re-exports this module
 
     train_data = make_arithmetic_dataset(train_size, "train", seed=0)
     eval_data = make_arithmetic_dataset(eval_size, "test", seed=0)

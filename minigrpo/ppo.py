@@ -414,16 +414,3 @@ class PPOTrainer(Trainer):
             }
 
         return self.accumulate_and_step(len(input_ids), micro_batch_loss)
-
-
-# --- the measuring code moved to minigrpo.measure; these names stay importable from here -------------------------
-from minigrpo.measure import (  # noqa: E402, F401
-    QWEN_SHAPE,
-    compare_ppo_grpo,
-    format_table,
-    load_benchmark_model,
-    parameter_counts,
-    qwen_shape_config,
-    run_algorithm,
-    summary,
-)

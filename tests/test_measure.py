@@ -2,7 +2,6 @@
 
 import pytest
 
-from minigrpo import ppo
 from minigrpo.measure import (
     QWEN_SHAPE,
     format_table,
@@ -37,10 +36,6 @@ def test_qwen_shape_is_qwen25_05b():
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (151_936, 896, 24)
     assert (config.num_attention_heads, config.num_key_value_heads, config.eos_token_id) == (14, 2, 7)
     assert QWEN_SHAPE == "qwen0.5b-shape"
-
-
-def test_the_measuring_names_stay_importable_from_minigrpo_ppo():
-    assert ppo.qwen_shape_config is qwen_shape_config and ppo.run_algorithm is run_algorithm
 
 
 def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
