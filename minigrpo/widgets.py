@@ -157,8 +157,11 @@ class Explorer:
                 display(fig)
                 plt.close(fig)
 
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+    def _ipython_display_(self):
+        # Display the box itself: works with ipywidgets 7 (Colab's, which has no _repr_mimebundle_) and 8.
+        from IPython.display import display
+
+        display(self.widget)
 
 
 def group_advantage_explorer(

@@ -103,13 +103,16 @@ def test_group_advantage_explorer_updates_live():
     assert "nan" not in explorer.text.value.lower()
 
 
-def test_group_advantage_explorer_ddof_toggle_and_figure():
+def test_group_advantage_explorer_ddof_toggle_and_figure(monkeypatch):
     explorer = group_advantage_explorer()
     explorer.controls["ddof"].value = 0
     expected = advantage_table(WORKED_EXAMPLE_REWARDS, ddof=0)["advantages"][0]
     assert f"A = {expected:+.4f}" in explorer.text.value
     assert explorer.widget.children[-1] is explorer.figure  # the figure sits under the table
-    assert "application/vnd.jupyter.widget-view+json" in explorer._repr_mimebundle_()
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objects: shown.extend(objects))
+    explorer._ipython_display_()  # what Jupyter calls when the explorer ends a cell
+    assert shown == [explorer.widget]
 
 
 def test_clipping_explorer_follows_epsilon_and_sign():
