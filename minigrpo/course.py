@@ -31,7 +31,7 @@ QUICK: bool = os.environ.get("MINIGRPO_QUICK", "").lower() in ("1", "true", "yes
 # Where the package is published, as a GitHub URL (the Colab badge opens notebooks from it, the setup cell
 # pip-installs it), or None while it is not published: then the badge says so and the setup cell prints
 # INSTALL_HELP. Change it here, then run `python scripts/stamp_colab.py` to rewrite the notebooks.
-REPOSITORY_URL: str | None = "https://github.com/minigrpo/minigrpo"
+REPOSITORY_URL: str | None = None  # not published yet
 
 
 def colab_install(repository_url: str | None = REPOSITORY_URL) -> str | None:
