@@ -47,16 +47,20 @@ class TensorMemoryTracker(TorchDispatchMode):
         self._peak_dirty = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        output = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        output = func(*args, **kwargs)
+        # A view or in-place result shares an input's storage: not an allocation (and the input's storage
+        # may predate the tracker, e.g. a parameter seen through `weight.t()`).
+        inputs = {_pointer(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for tensor in tree_leaves(output):
-            if isinstance(tensor, torch.Tensor):
+            if isinstance(tensor, torch.Tensor) and _pointer(tensor) not in inputs:
                 self._record(tensor)
         return output
 
     def _record(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
         pointer, size = storage.data_ptr(), storage.nbytes()
-        if pointer == 0 or pointer in self.live:  # empty, or a view / in-place result of a known storage
+        if pointer == 0 or pointer in self.live:  # empty, or a storage already counted
             return
         self.live[pointer] = (next(self._ids), size)
         self.live_bytes += size
@@ -100,6 +104,13 @@ class TensorMemoryTracker(TorchDispatchMode):
         """Bytes, at the peak, of the storages with these allocation ids (still live now)."""
         sizes = {allocation: size for allocation, size in self.live.values()}
         return sum(sizes[i] for i in ids & self.peak_ids if i in sizes)
+
+
+def _pointer(tensor: torch.Tensor) -> int:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without a storage (e.g. sparse)
+        return 0
 
 
 def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:

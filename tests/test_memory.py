@@ -26,6 +26,16 @@ def test_a_4_mib_tensor_shows_4_mib_and_disappears_when_freed():
     assert tracker.peak_bytes == 8 * MiB
 
 
+def test_views_of_older_tensors_are_not_allocations():
+    weight = torch.randn(512, 512)  # allocated before the tracker, like a model's parameters
+    with TensorMemoryTracker() as tracker:
+        transposed, row = weight.t(), weight[0]
+        weight.mul_(2)
+        assert tracker.live_bytes == 0
+        product = transposed @ row  # a new (512,) result: 2 KiB
+        assert tracker.live_bytes == product.untyped_storage().nbytes() == 2048
+
+
 def test_peak_breakdown_finds_gradients_and_optimizer_state():
     weight = torch.nn.Parameter(torch.randn(512, 512))  # 1 MiB, allocated before the tracker
     optimizer = torch.optim.AdamW([weight], foreach=False)
