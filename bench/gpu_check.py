@@ -100,7 +100,7 @@ def minigrpo_steps(tokenizer, config, steps: int, trainer_class=None) -> dict:
     free_memory()
     model = full_length(qwen_shape(tokenizer, "cuda"), config.max_completion_length)
     set_gradient_checkpointing(model, config.gradient_checkpointing)
-    trainer = (trainer_class or GRPOTrainer)(model, tokenizer, [correctness_reward], dataset(64), config)
+    trainer = (trainer_class or GRPOTrainer)(model, [correctness_reward], config, dataset(64), processing_class=tokenizer)
     times, tokens_per_second = [], []
     for _ in range(steps):
         torch.cuda.synchronize()

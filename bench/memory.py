@@ -89,7 +89,9 @@ def build(model_name: str, preset: str, device: torch.device, output_dir: str, t
     model.generate = functools.partial(full_length_generate, model.generate, config.max_completion_length)
     set_gradient_checkpointing(model, config.gradient_checkpointing)  # what the trainer does at init
     dataset = make_arithmetic_dataset(n=64, seed=0)
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward, format_reward], dataset, config)
+    trainer = GRPOTrainer(
+        model, [correctness_reward, format_reward], args=config, train_dataset=dataset, processing_class=tokenizer
+    )
     if device.type == "cpu":
         for group in trainer.optimizer.param_groups:
             group["foreach"] = True  # the CUDA default: count its temporaries as a GPU would have them

@@ -185,7 +185,7 @@ def minigrpo_worker(conn, args, path: str, device: str, workdir: str) -> None:
     if args.t4_config:
         _emulate_t4()
     dataset = prompts_dataset(config.prompts_per_step * (args.steps + 1))
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], dataset, config)
+    trainer = GRPOTrainer(model, [correctness_reward], args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.sampler = SequentialSampler()
     random.seed(config.seed)
     torch.manual_seed(config.seed)

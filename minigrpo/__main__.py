@@ -180,7 +180,9 @@ def run_train(args: argparse.Namespace) -> None:
         f"{config.prompts_per_step} prompts x G={config.num_generations}; output in {config.output_dir}"
     )
     before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval/accuracy"]
-    trainer = GRPOTrainer(model, tokenizer, reward_funcs, train_data, config, eval_dataset=eval_data)
+    trainer = GRPOTrainer(
+        model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
+    )
     started = time.perf_counter()
     history = trainer.train(resume_from_checkpoint=args.resume)
     final = trainer.save_model()

@@ -54,7 +54,7 @@ def train_short_run(
     if eval_dataset is None and eval_size > 0:
         eval_dataset = make_arithmetic_dataset(eval_size, "test")
     trainer_cls = DynamicSamplingGRPOTrainer if dynamic_sampling else GRPOTrainer
-    trainer = trainer_cls(model, tokenizer, reward_funcs, train_dataset, config, eval_dataset=eval_dataset)
+    trainer = trainer_cls(model, reward_funcs, config, train_dataset, eval_dataset, processing_class=tokenizer)
     trainer.train()
     return trainer
 

@@ -202,7 +202,7 @@ def run_algorithm(
         overrides["per_device_train_batch_size"] = math.gcd(n, defaults.per_device_train_batch_size)
     config = config_class.for_model(model, **{**overrides, "output_dir": f"{output_dir}/{algorithm}"})
     reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
-    trainer = trainer_class(policy, tokenizer, reward_funcs, train_data, config, eval_dataset=eval_data)
+    trainer = trainer_class(policy, reward_funcs, config, train_data, eval_data, processing_class=tokenizer)
     accuracy_before = trainer.evaluate()["eval/accuracy"]
     started = time.perf_counter()
     history = trainer.train()

@@ -44,7 +44,7 @@ from minigrpo.logprobs import batched_per_token_logps, completion_position_ids, 
 from minigrpo.losses import kl_penalty
 from minigrpo.models import precision_context
 from minigrpo.rollout import Rollout
-from minigrpo.trainer import Trainer, micro_batches
+from minigrpo.trainer import Trainer, micro_batches, resolve_model_and_tokenizer
 
 
 # --- the math: small pure functions on (N, T) tensors -------------------------------------------------------
@@ -295,33 +295,38 @@ class PPOTrainer(Trainer):
 
     Usage::
 
-        trainer = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, PPOConfig.tiny_cpu())
+        trainer = PPOTrainer(model, [correctness_reward], PPOConfig.tiny_cpu(), train_dataset,
+                            processing_class=tokenizer)
         history = trainer.train()
 
     The critic is a fourth model (`self.critic`), checkpointed next to the
-    policy in checkpoint-N/critic/.
+    policy in checkpoint-N/critic/. The signature is GRPOTrainer's (TRL's order), plus keyword-only
+    ``ref_model`` and ``critic``.
     """
+
+    config_class = PPOConfig
 
     def __init__(
         self,
         model,
-        tokenizer,
         reward_funcs,
-        train_dataset,
-        config: PPOConfig | None = None,
+        args: PPOConfig | None = None,
+        train_dataset=None,
         eval_dataset=None,
+        processing_class=None,
+        *,
         ref_model=None,
         critic: ValueModel | None = None,
     ):
-        config = config if config is not None else PPOConfig()
-        if not isinstance(config, PPOConfig):
+        if args is not None and not isinstance(args, PPOConfig):
             raise TypeError(
-                f"PPOTrainer needs a PPOConfig, got {type(config).__name__}: use PPOConfig(...) or "
+                f"PPOTrainer needs a PPOConfig, got {type(args).__name__}: use PPOConfig(...) or "
                 "PPOConfig(**dataclasses.asdict(grpo_config))."
             )
+        model, processing_class = resolve_model_and_tokenizer(model, processing_class)
         self.critic = critic if critic is not None else ValueModel.from_policy(model)  # before the optimizer exists
         self.critic.train()
-        super().__init__(model, tokenizer, reward_funcs, train_dataset, config, eval_dataset, ref_model)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ref_model=ref_model)
 
     def trainable_modules(self) -> dict[str, nn.Module]:
         return {**super().trainable_modules(), "critic": self.critic}

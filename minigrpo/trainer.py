@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo import checkpoints
 from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
@@ -26,7 +27,7 @@ from minigrpo.checkpoints import HISTORY_FILE, STATE_FILE, latest_checkpoint  # 
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
-from minigrpo.models import make_reference_model, precision_context
+from minigrpo.models import load_model_and_tokenizer, load_tokenizer, make_reference_model, precision_context
 from minigrpo.rewards import compute_rewards, reward_func_name
 from minigrpo.rollout import (
     Rollout,
@@ -104,28 +105,55 @@ def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], 
     return metrics
 
 
+# --- the model argument: a model or a name, as in TRL ----------------------------------
+def resolve_model_and_tokenizer(model, processing_class=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``model`` may be a name ("tiny", a Hub id, a folder): load it (and its tokenizer) with
+    load_model_and_tokenizer. For a model object without ``processing_class``, load the tokenizer saved
+    with it (``model.name_or_path``), as TRL does."""
+    if isinstance(model, str | Path):
+        model, tokenizer = load_model_and_tokenizer(str(model))
+        return model, processing_class if processing_class is not None else tokenizer
+    if processing_class is not None:
+        return model, processing_class
+    name = getattr(model, "name_or_path", "")
+    if not name:
+        raise ValueError("processing_class is None and the model has no name_or_path: pass processing_class=tokenizer.")
+    return model, load_tokenizer(name)
+
+
 # --- the shared loop ----------------------------------------------------------------
 class Trainer:
-    """The loop every RL trainer here shares. Subclasses implement `optimize(rollout, rewards)`."""
+    """The loop every RL trainer here shares. Subclasses implement `optimize(rollout, rewards)`.
+
+    The signature is TRL's: ``(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)``,
+    positional order included, so a TRL script runs with only its import line changed. ``model`` is a
+    model or a name ("tiny", a Hub id, a local folder) loaded with ``load_model_and_tokenizer``;
+    ``processing_class`` (the tokenizer) defaults to that model's own. minigrpo's extras are keyword-only.
+    """
+
+    config_class = GRPOConfig
 
     def __init__(
         self,
-        model,
-        tokenizer,
+        model: str | PreTrainedModel,
         reward_funcs: Callable | Sequence[Callable],
-        train_dataset,
-        config: GRPOConfig | None = None,
+        args: GRPOConfig | None = None,
+        train_dataset=None,
         eval_dataset=None,
-        ref_model=None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        *,
+        ref_model: PreTrainedModel | None = None,
     ):
-        self.config = config if config is not None else GRPOConfig()
-        self.model, self.tokenizer = model, tokenizer
-        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+        self.config = args if args is not None else self.config_class()
+        self.model, self.tokenizer = resolve_model_and_tokenizer(model, processing_class)
+        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
+        if train_dataset is None:
+            raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._check_inputs()
-        self.device = next(model.parameters()).device
+        self.device = next(self.model.parameters()).device
         if self.config.beta != 0.0:
-            self.ref_model = ref_model if ref_model is not None else make_reference_model(model)
+            self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model)
         else:
             self.ref_model = None  # beta == 0: no KL term, no reference model in memory
         self.optimizer = torch.optim.AdamW(
@@ -143,6 +171,16 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
         self.output_dir = Path(self.config.output_dir)
+
+    @property
+    def args(self) -> GRPOConfig:
+        """The config, under TRL's name (``trainer.args``)."""
+        return self.config
+
+    @property
+    def processing_class(self) -> PreTrainedTokenizerBase:
+        """The tokenizer, under TRL's name (``trainer.processing_class``)."""
+        return self.tokenizer
 
     def optimizer_param_groups(self) -> list[dict]:
         """AdamW's parameter groups, each a dict with its "params" and "lr". A subclass that trains more than
@@ -403,7 +441,9 @@ class GRPOTrainer(Trainer):
 
     Usage::
 
-        trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, GRPOConfig.tiny_cpu())
+        trainer = GRPOTrainer(model, [correctness_reward], GRPOConfig.tiny_cpu(), train_dataset,
+                             processing_class=tokenizer)
+        # or, as in TRL: GRPOTrainer(model="tiny", reward_funcs=..., args=..., train_dataset=...)
         history = trainer.train()
     """
 

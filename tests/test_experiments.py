@@ -51,19 +51,29 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, train_dataset, small_
     """The lesson-06 demo: a disconnect in step 3, a fresh process resumes, the weights match an uninterrupted run."""
     model, tokenizer = tiny
     config = small_config.replace(max_steps=4, save_steps=0)
-    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config).train()
+    GRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    ).train()
     reference = [p.detach().clone() for p in model.parameters()]
 
     from minigrpo import load_model_and_tokenizer
 
     broken, tok = load_model_and_tokenizer("tiny", device="cpu")
     interrupted = config.replace(output_dir=config.output_dir + "-interrupted")
-    trainer = GRPOTrainer(broken, tok, [simulate_disconnect(correctness_reward, 3)], train_dataset, interrupted)
+    trainer = GRPOTrainer(
+        broken,
+        [simulate_disconnect(correctness_reward, 3)],
+        args=interrupted,
+        train_dataset=train_dataset,
+        processing_class=tok,
+    )
     with pytest.raises(KeyboardInterrupt):
         trainer.train()
     assert trainer.step == 2
     fresh, tok = load_model_and_tokenizer("tiny", device="cpu")
-    resumed = GRPOTrainer(fresh, tok, [correctness_reward], train_dataset, interrupted)
+    resumed = GRPOTrainer(
+        fresh, [correctness_reward], args=interrupted, train_dataset=train_dataset, processing_class=tok
+    )
     history = resumed.train(resume_from_checkpoint=True)
     assert [m["step"] for m in history] == [1, 2, 3, 4]
     assert all(torch.equal(a, b) for a, b in zip(reference, fresh.parameters(), strict=True))

@@ -264,10 +264,10 @@ def test_the_healthy_planted_bug_trainer_matches_the_package():
         ref_model = make_reference_model(model)
         trainer = grading.PlantedBugTrainer(
             model,
-            tokenizer,
             [correctness_reward, format_reward],
-            make_arithmetic_dataset(16),
-            config,
+            args=config,
+            train_dataset=make_arithmetic_dataset(16),
+            processing_class=tokenizer,
             ref_model=ref_model,
         )
         rollout, rewards = grading.seeded_rollout(model, tokenizer, batch, config, ref_model, 3)
@@ -278,7 +278,7 @@ def test_the_healthy_planted_bug_trainer_matches_the_package():
 
 def test_an_unknown_planted_bug_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="shifted_logps"):  # refused before the trainer is built
-        grading.PlantedBugTrainer(None, None, [graded_reward], [], None, bug="off_by_two")
+        grading.PlantedBugTrainer(None, [graded_reward], bug="off_by_two")
 
 
 # --- the grade command --------------------------------------------------------------------

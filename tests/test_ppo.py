@@ -141,7 +141,14 @@ def ppo_config(small_config):
 def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_dataset, eval_dataset, ppo_config):
     model, tokenizer = tiny
     config = ppo_config.replace(eval_steps=2)  # 2 steps: the critic's zero head passes no gradient back at step 1
-    trainer = PPOTrainer(model, tokenizer, [correctness_reward, format_reward], train_dataset, config, eval_dataset)
+    trainer = PPOTrainer(
+        model,
+        [correctness_reward, format_reward],
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+    )
     policy_before = {n: p.detach().clone() for n, p in model.named_parameters()}
     critic_before = {n: p.detach().clone() for n, p in trainer.critic.named_parameters()}
     history = trainer.train()
@@ -160,14 +167,18 @@ def test_ppo_resume_restores_the_critic(tiny, train_dataset, ppo_config, tmp_pat
     model, tokenizer = tiny
     initial = {n: p.detach().clone() for n, p in model.state_dict().items()}
     config = ppo_config.replace(max_steps=2, save_steps=1)
-    uninterrupted = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    uninterrupted = PPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     uninterrupted.train()
     assert (tmp_path / "run" / "checkpoint-1" / "critic" / "model.safetensors").exists()
     expected_policy = {n: p.detach().clone() for n, p in model.state_dict().items()}
     expected_critic = {n: p.detach().clone() for n, p in uninterrupted.critic.state_dict().items()}
 
     model.load_state_dict(initial)  # a fresh process: a fresh critic, weights from checkpoint-1
-    resumed = PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    resumed = PPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     assert torch.all(resumed.critic.value_head.weight == 0)
     resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))
     assert resumed.step == 2
@@ -188,8 +199,20 @@ def test_ppo_and_grpo_share_the_rollout_code(tiny, train_dataset, small_config, 
 
     monkeypatch.setattr(minigrpo.trainer, "sample_group_rollout", spy)
     one_step = dict(max_steps=1, save_steps=0, prompts_per_step=2)
-    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(**one_step)).train()
-    PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, ppo_config.replace(**one_step)).train()
+    GRPOTrainer(
+        model,
+        [correctness_reward],
+        args=small_config.replace(**one_step),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    ).train()
+    PPOTrainer(
+        model,
+        [correctness_reward],
+        args=ppo_config.replace(**one_step),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    ).train()
     assert [type(c).__name__ for c in calls] == ["GRPOConfig", "PPOConfig"]
     assert PPOTrainer.collect_rollout is Trainer.collect_rollout is GRPOTrainer.collect_rollout
     assert PPOTrainer.train is GRPOTrainer.train
@@ -198,4 +221,6 @@ def test_ppo_and_grpo_share_the_rollout_code(tiny, train_dataset, small_config, 
 def test_ppo_trainer_wants_a_ppo_config(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     with pytest.raises(TypeError, match="PPOTrainer needs a PPOConfig"):
-        PPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
+        PPOTrainer(
+            model, [correctness_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
+        )

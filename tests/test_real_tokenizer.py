@@ -118,7 +118,9 @@ def test_two_grpo_steps_with_the_real_tokenizer(tokenizer, tmp_path):
     )
     train, test = make_arithmetic_dataset(n=8, seed=0), make_arithmetic_dataset(n=4, split="test", seed=0)
     rewards = [correctness_reward, format_reward, decoded_length_reward]
-    trainer = GRPOTrainer(model, tokenizer, rewards, train, config, eval_dataset=test)
+    trainer = GRPOTrainer(
+        model, rewards, args=config, train_dataset=train, processing_class=tokenizer, eval_dataset=test
+    )
     history = trainer.train()
     assert len(history) == 2
     for step in history:

@@ -18,7 +18,9 @@ def test_short_run_changes_parameters_and_raises_reward(tiny, train_dataset, sma
     model, tokenizer = tiny
     before = weights(model)
     config = small_config.replace(max_steps=12, prompts_per_step=8, per_device_train_batch_size=16, save_steps=0)
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    trainer = GRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     history = trainer.train()
     changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
     assert len(changed) == len(list(model.parameters()))  # every parameter moved
@@ -30,7 +32,14 @@ def test_short_run_changes_parameters_and_raises_reward(tiny, train_dataset, sma
 def test_metrics_file_uses_trl_names(tiny, train_dataset, eval_dataset, small_config):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=2, eval_steps=2, save_steps=0)
-    GRPOTrainer(model, tokenizer, [correctness_reward, format_reward], train_dataset, config, eval_dataset).train()
+    GRPOTrainer(
+        model,
+        [correctness_reward, format_reward],
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+    ).train()
     rows = [json.loads(line) for line in open(f"{config.output_dir}/metrics.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]
     for key in (
@@ -46,7 +55,9 @@ def test_metrics_file_uses_trl_names(tiny, train_dataset, eval_dataset, small_co
 def test_loss_is_about_zero_on_policy_but_gradient_is_not(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=1, beta=0.0, save_steps=0)
-    history = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config).train()
+    history = GRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    ).train()
     assert abs(history[0]["loss"]) < 1e-6
     if history[0]["frac_reward_zero_std"] < 1:
         assert history[0]["grad_norm"] > 0
@@ -57,7 +68,9 @@ def test_interrupted_run_resumes_to_identical_weights(tiny, train_dataset, small
     initial = weights(model)
     config = small_config.replace(max_steps=4, save_steps=2, beta=0.04)
 
-    uninterrupted = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    uninterrupted = GRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     uninterrupted.train()
     expected = weights(model)
 
@@ -73,11 +86,15 @@ def test_interrupted_run_resumes_to_identical_weights(tiny, train_dataset, small
     model.load_state_dict(initial)
     interrupted_config = config.replace(output_dir=str(tmp_path / "interrupted"))
     with pytest.raises(KeyboardInterrupt):
-        GRPOTrainer(model, tokenizer, [flaky_reward], train_dataset, interrupted_config).train()
+        GRPOTrainer(
+            model, [flaky_reward], args=interrupted_config, train_dataset=train_dataset, processing_class=tokenizer
+        ).train()
     assert latest_checkpoint(interrupted_config.output_dir).name == "checkpoint-2"
 
     model.load_state_dict(initial)  # a fresh process: the weights must come from the checkpoint
-    resumed = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, interrupted_config)
+    resumed = GRPOTrainer(
+        model, [correctness_reward], args=interrupted_config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     history = resumed.train(resume_from_checkpoint=True)
     for name, value in weights(model).items():
         torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
@@ -94,7 +111,9 @@ def test_failing_reward_function_saves_progress_and_names_itself(tiny, train_dat
         calls["n"] += 1
         return [0.0] * (len(completions) if calls["n"] < 2 else 3)
 
-    trainer = GRPOTrainer(model, tokenizer, [wrong_length_reward], train_dataset, small_config)
+    trainer = GRPOTrainer(
+        model, [wrong_length_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     with pytest.raises(RewardFunctionError, match="'wrong_length_reward' returned 3 values for 16 completions"):
         trainer.train()
     assert latest_checkpoint(small_config.output_dir).name == "checkpoint-1"
@@ -111,7 +130,7 @@ def test_a_step_that_fails_after_the_optimizer_step_saves_nothing(tiny, train_da
                 raise RuntimeError("after the update")
             return metrics
 
-    trainer = FailsAfterUpdating(model, tokenizer, [correctness_reward], train_dataset, small_config)
+    trainer = FailsAfterUpdating(model, [correctness_reward], small_config, train_dataset, processing_class=tokenizer)
     with pytest.raises(RuntimeError, match="after the update"):
         trainer.train()
     assert trainer.optimizer_steps == 2 and latest_checkpoint(small_config.output_dir) is None
@@ -121,21 +140,33 @@ def test_dataset_without_prompt_column(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     renamed = train_dataset.rename_column("prompt", "messages")
     with pytest.raises(ValueError, match="no 'prompt' column: rename"):
-        GRPOTrainer(model, tokenizer, [correctness_reward], renamed, small_config)
+        GRPOTrainer(model, [correctness_reward], args=small_config, train_dataset=renamed, processing_class=tokenizer)
 
 
 def test_lengths_that_cannot_fit(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="max_prompt_length=20: raise max_prompt_length to at least"):
-        GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(max_prompt_length=20))
+        GRPOTrainer(
+            model,
+            [correctness_reward],
+            args=small_config.replace(max_prompt_length=20),
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+        )
     too_long = small_config.replace(max_completion_length=10_000)
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, too_long)
+        GRPOTrainer(model, [correctness_reward], args=too_long, train_dataset=train_dataset, processing_class=tokenizer)
 
 
 def test_beta_zero_loads_no_reference_model(tiny, train_dataset, small_config):
     model, tokenizer = tiny
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(beta=0.0))
+    trainer = GRPOTrainer(
+        model,
+        [correctness_reward],
+        args=small_config.replace(beta=0.0),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    )
     assert trainer.ref_model is None
 
 
@@ -151,7 +182,9 @@ def test_beta_zero_loads_no_reference_model(tiny, train_dataset, small_config):
 def test_variants_run(tiny, train_dataset, small_config, changes):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=1, save_steps=0, **changes)
-    history = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config).train()
+    history = GRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    ).train()
     assert all(torch.isfinite(torch.tensor(v)) for k, v in history[0].items() if isinstance(v, float))
 
 
@@ -168,9 +201,13 @@ def test_prompt_sampler_covers_each_epoch_once_and_resumes():
 def test_learning_rate_schedule(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, config)
+    trainer = GRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     assert [trainer._lr_factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
-    constant = GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
+    constant = GRPOTrainer(
+        model, [correctness_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
+    )
     assert {constant._lr_factor(s) for s in range(10)} == {1.0}
 
 
@@ -181,6 +218,12 @@ def test_a_fresh_run_removes_an_earlier_runs_checkpoints(tiny, train_dataset, sm
 
     os.makedirs(stale)
     open(stale + "/trainer_state.pt", "w").close()
-    GRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config.replace(max_steps=2)).train()
+    GRPOTrainer(
+        model,
+        [correctness_reward],
+        args=small_config.replace(max_steps=2),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
+    ).train()
     assert latest_checkpoint(small_config.output_dir).name == "checkpoint-2"
     assert not os.path.exists(stale)

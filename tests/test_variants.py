@@ -114,7 +114,9 @@ def test_select_completions_keeps_the_chosen_rows_in_order():
 def test_dynamic_sampling_trainer_needs_one_micro_batch(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     with pytest.raises(ValueError, match="per_device_train_batch_size = N = 16"):
-        DynamicSamplingGRPOTrainer(model, tokenizer, [correctness_reward], train_dataset, small_config)
+        DynamicSamplingGRPOTrainer(
+            model, [correctness_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
+        )
 
 
 def test_dynamic_sampling_trainer_skips_steps_without_signal(tiny, train_dataset, small_config):
@@ -123,6 +125,8 @@ def test_dynamic_sampling_trainer_skips_steps_without_signal(tiny, train_dataset
     config = small_config.replace(per_device_train_batch_size=16, beta=0.0, max_steps=2, save_steps=0)
     before = [p.detach().clone() for p in model.parameters()]
     constant = lambda prompts, completions, **kw: [1.0] * len(completions)
-    history = DynamicSamplingGRPOTrainer(model, tokenizer, [constant], train_dataset, config).train()
+    history = DynamicSamplingGRPOTrainer(
+        model, [constant], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    ).train()
     assert [m["dynamic_sampling/kept_fraction"] for m in history] == [0.0, 0.0]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

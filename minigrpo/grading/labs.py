@@ -70,7 +70,14 @@ def reference_grpo_steps(model, tokenizer, batches: list[dict], config, seeds: l
     """The package's GRPO step (GRPOTrainer.optimize) on each batch in turn; returns its metrics and the trainer."""
     ref_model = make_reference_model(model) if config.beta != 0 else None
     dataset = make_arithmetic_dataset(16, "train", seed=0)
-    trainer = GRPOTrainer(model, tokenizer, [correctness_reward, format_reward], dataset, config, ref_model=ref_model)
+    trainer = GRPOTrainer(
+        model,
+        [correctness_reward, format_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        ref_model=ref_model,
+    )
     results = []
     for batch, seed in zip(batches, seeds, strict=True):
         rollout, rewards = seeded_rollout(model, tokenizer, batch, config, ref_model, seed)
@@ -231,10 +238,10 @@ def planted_bug_run(run: str, max_steps: int, seed: int = 0) -> list[dict]:
         )
         trainer = PlantedBugTrainer(
             model,
-            tokenizer,
             [correctness_reward, format_reward],
-            make_arithmetic_dataset(500, "train", seed=seed),
-            config,
+            args=config,
+            train_dataset=make_arithmetic_dataset(500, "train", seed=seed),
+            processing_class=tokenizer,
             ref_model=make_reference_model(model),
             bug=None if run == "healthy" else MYSTERY_RUNS[run],
         )
