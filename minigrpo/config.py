@@ -246,8 +246,8 @@ class GRPOConfig:
 
         fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 x 2 GB = 9.2 GiB before any
         activation; micro-batches of 8 completions with gradient checkpointing keep a full step's live tensors
-        under 12 GiB (measured: `python bench/memory.py --model qwen0.5b-shape --preset t4`).
-        """
+        at 11.0 GiB, reached at the AdamW step (`python bench/memory.py --model qwen0.5b-shape --preset t4`:
+        completions forced to 128 tokens; rollout 6.1 GiB, update 11.0 GiB of which 1.8 GiB AdamW temporaries)."""
         preset = dict(
             prompts_per_step=8,
             num_generations=8,
