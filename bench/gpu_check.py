@@ -4,7 +4,7 @@
     python bench/gpu_check.py --dry-run                   # on a CPU: print the plan, check the imports
 
 The model is Qwen2.5-0.5B-Instruct's shape with random weights (494M parameters) and the real Qwen2.5
-tokenizer built offline (`minigrpo.models.qwen25_tokenizer`, from the `dashscope` package of the test
+tokenizer built offline (`minigrpo.tokenization.qwen25_tokenizer`, from the `dashscope` package of the test
 extra); TRL comes from the bench extra (`pip install -e ".[test,bench]"`). Every completion is forced
 to its full length (min_new_tokens), so the numbers are the worst case and the same for both trainers.
 
@@ -100,7 +100,9 @@ def minigrpo_steps(tokenizer, config, steps: int, trainer_class=None) -> dict:
     free_memory()
     model = full_length(qwen_shape(tokenizer, "cuda"), config.max_completion_length)
     set_gradient_checkpointing(model, config.gradient_checkpointing)
-    trainer = (trainer_class or GRPOTrainer)(model, [correctness_reward], config, dataset(64), processing_class=tokenizer)
+    trainer = (trainer_class or GRPOTrainer)(
+        model, [correctness_reward], config, dataset(64), processing_class=tokenizer
+    )
     times, tokens_per_second = [], []
     for _ in range(steps):
         torch.cuda.synchronize()
@@ -244,8 +246,8 @@ def dry_run() -> int:
     from minigrpo.config import GRPOConfig
     from minigrpo.crosscheck import trl_config  # noqa: F401
     from minigrpo.measure import qwen_shape_config  # noqa: F401
-    from minigrpo.models import qwen_bpe_ranks
     from minigrpo.ppo import PPOConfig, PPOTrainer  # noqa: F401
+    from minigrpo.tokenization import qwen_bpe_ranks
 
     GRPOConfig.qwen_t4()
     GRPOConfig(**BATCH, per_device_train_batch_size=16)
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA GPU here: run on a GPU, or pass --dry-run to check the setup on a CPU.", file=sys.stderr)
         return 2
-    from minigrpo.models import qwen25_tokenizer
+    from minigrpo.tokenization import qwen25_tokenizer
 
     results = {"gpu": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0))}
     results["torch"] = torch.__version__

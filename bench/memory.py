@@ -6,7 +6,7 @@
 
 The step is the trainer's own: rollout (generation), reference log-probs, then the update (policy
 forward + backward per micro-batch, gradient clipping, AdamW step). The model is Qwen2.5-0.5B's shape
-with random weights and the real Qwen2.5 tokenizer (built offline, `minigrpo.models.qwen25_tokenizer`),
+with random weights and the real Qwen2.5 tokenizer (built offline, `minigrpo.tokenization.qwen25_tokenizer`),
 so no Hub access is needed; prompts are the arithmetic task's, rendered with Qwen's chat template.
 
 Worst case, on purpose: every completion is forced to max_completion_length (min_new_tokens), so
@@ -47,8 +47,9 @@ from minigrpo.memory import (
     peak_breakdown,
     storage_bytes,
 )
-from minigrpo.models import load_model_and_tokenizer, qwen25_tokenizer, set_gradient_checkpointing
+from minigrpo.models import load_model_and_tokenizer, set_gradient_checkpointing
 from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
+from minigrpo.tokenization import qwen25_tokenizer
 
 try:
     from minigrpo.measure import QWEN_SHAPE, qwen_shape_config

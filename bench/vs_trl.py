@@ -81,7 +81,8 @@ from transformers import GenerationConfig, Qwen2ForCausalLM  # noqa: E402
 from minigrpo.config import GRPOConfig  # noqa: E402
 from minigrpo.crosscheck import crosscheck, load_fp32, prompts_dataset, trl_config  # noqa: E402
 from minigrpo.measure import QWEN_SHAPE, peak_memory_mib, qwen_shape_config, rss_bytes  # noqa: E402
-from minigrpo.models import CHARACTERS, TINY_MODEL_DIR, character_tokenizer  # noqa: E402
+from minigrpo.models import TINY_MODEL_DIR  # noqa: E402
+from minigrpo.tokenization import qwen25_tokenizer  # noqa: E402
 
 # Qwen/Qwen2.5-0.5B-Instruct's generation_config.json, written out so the shape runs offline.
 QWEN25_GENERATION_CONFIG = dict(
@@ -98,22 +99,6 @@ QWEN_ENDOFTEXT, QWEN_IM_START, QWEN_IM_END = 151643, 151644, 151645
 
 
 # --- the model, the data, the two configs ---------------------------------------------------
-def qwen_shape_tokenizer():
-    """The tiny character tokenizer widened to Qwen2.5's 151,936 ids, with its chat tokens at Qwen's ids.
-
-    A random-init model samples any of the 151,936 ids, so every id must decode; the filler ids decode
-    to short strings. The prompts are character-level (~40 tokens), close to Qwen's real prompt length.
-    """
-    vocab = {c: i for i, c in enumerate(CHARACTERS)}  # characters take ids 0..len-1
-    for i in range(len(CHARACTERS), qwen_shape_config().vocab_size):
-        vocab[f"<f{i}>"] = i
-    for token, i in (("<|endoftext|>", QWEN_ENDOFTEXT), ("<|im_start|>", QWEN_IM_START), ("<|im_end|>", QWEN_IM_END)):
-        del vocab[f"<f{i}>"]
-        vocab[token] = i
-    vocab["<unk>"] = vocab.pop(f"<f{len(CHARACTERS)}>")
-    return character_tokenizer(vocab, model_max_length=131_072)  # Qwen2.5's tokenizer limit
-
-
 def prepare_model_dir(name: str, folder: Path) -> str:
     """Write the benchmark model and tokenizer to `folder` (so both trainers, and TRL's reference
     model, load the very same weights); returns the path to load from."""
@@ -125,7 +110,7 @@ def prepare_model_dir(name: str, folder: Path) -> str:
     model = Qwen2ForCausalLM(qwen_shape_config(bos_token_id=QWEN_ENDOFTEXT, eos_token_id=QWEN_IM_END))
     model.generation_config = GenerationConfig(**QWEN25_GENERATION_CONFIG)  # Qwen's sampling defaults, on purpose
     model.save_pretrained(folder)
-    qwen_shape_tokenizer().save_pretrained(folder)
+    qwen25_tokenizer().save_pretrained(folder)
     return str(folder)
 
 

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = commands.add_parser("pretrain-tiny", help="rebuild the bundled tiny Qwen (supervised warm-up)")
     pretrain.add_argument("--output-dir", default=None, help="default: the package's assets/tiny-qwen")
-    pretrain.add_argument("--target-accuracy", type=float, default=0.35, help="stop once held-out accuracy reaches it")
+    pretrain.add_argument("--target-accuracy", type=float, default=0.3, help="stop once held-out accuracy reaches it")
     pretrain.add_argument("--seed", type=int, default=0)
 
     grade = commands.add_parser("grade", help="grade an exercise notebook or a folder of them")

@@ -28,10 +28,11 @@ from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import per_token_logps
 from minigrpo.losses import grpo_loss
-from minigrpo.models import TINY_MODEL_DIR, autocast_dtype, load_tokenizer, make_reference_model
+from minigrpo.models import TINY_MODEL_DIR, autocast_dtype, make_reference_model
 from minigrpo.rewards import compute_rewards
 from minigrpo.rollout import repeat_for_group, sample_group_rollout
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
+from minigrpo.tokenization import load_tokenizer
 
 
 def load_fp32(path: str, device: str = "cpu", attn: str = "sdpa"):

