@@ -144,18 +144,17 @@ def generation_config_for(config, model, tokenizer, greedy: bool = False) -> Gen
 
 
 def use_fast_generation(config, model) -> bool:
-    """The static-cache fast path: on by default on CUDA, off on the CPU (where it does not pay).
+    """The static-cache fast path: opt-in (``GRPOConfig.fast_generation=True``), meant for CUDA.
 
     With a static (fixed-size, preallocated) KV cache, transformers' `generate`
     compiles the decoding step by itself on CUDA: torch.compile with
     CompileConfig's default mode "reduce-overhead", i.e. CUDA graphs, which
     removes the per-kernel launch cost that dominates decoding a small model
     (GenerationConfig.disable_compile would switch it off). The first calls
-    are slow (compilation); later ones replay the graph.
+    are slow (compilation); later ones replay the graph. It stays off by default
+    until `bench/gpu_check.py` has shown on a GPU that it gives the plain path's tokens.
     """
-    if config.fast_generation is not None:
-        return config.fast_generation
-    return next(model.parameters()).device.type == "cuda"
+    return bool(config.fast_generation)
 
 
 @torch.no_grad()

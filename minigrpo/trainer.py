@@ -27,7 +27,12 @@ from minigrpo.checkpoints import HISTORY_FILE, STATE_FILE, latest_checkpoint  # 
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
-from minigrpo.models import load_model_and_tokenizer, load_tokenizer, make_reference_model, precision_context
+from minigrpo.models import (
+    load_model_and_tokenizer,
+    make_reference_model,
+    precision_context,
+    set_gradient_checkpointing,
+)
 from minigrpo.rewards import compute_rewards, reward_func_name
 from minigrpo.rollout import (
     Rollout,
@@ -40,6 +45,7 @@ from minigrpo.rollout import (
     sample_group_rollout,
     tokenize_prompts,
 )
+from minigrpo.tokenization import load_tokenizer
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -152,6 +158,8 @@ class Trainer:
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._check_inputs()
         self.device = next(self.model.parameters()).device
+        if self.config.gradient_checkpointing:  # only switched on: a user's own setting is left alone otherwise
+            set_gradient_checkpointing(self.model, True)
         if self.config.beta != 0.0:
             self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model)
         else:
