@@ -11,12 +11,21 @@ own implementation (the reference), always with an explicit tolerance. It
 prints one line per case (PASS / FAIL, points earned, and a hint on failure)
 and returns a `CheckResult`. It never raises because of the learner's code.
 
+That print is feedback. The grade comes from `python -m minigrpo grade PATH`,
+whose judge runs the same cases in a process the learner's code never runs in
+and only calls the learner's function in the notebook's kernel (the design is
+in `minigrpo.grading.runner`).
+
 | module | job |
 | --- | --- |
-| framework | cases and points, run_check, comparisons with hints, time limits, the grade-file protocol |
-| cases/ | the cases of each exercise's checks, one module per exercise, registered with `@cases("check_x")` |
+| framework | cases and points, run_check / evaluate, comparisons with hints, time limits |
+| cases/ | the cases of each exercise's checks, one module per exercise, `@cases("check_x", references=[...])` |
 | labs | short runs of the tiny Qwen: the reference GRPO step, the planted-bug trainer of exercise 10 |
-| runner | `python -m minigrpo grade PATH`: execute notebooks, collect their checks, print the scores |
+| references | is the learner's function the package's own solution (the object, and the notebook's source)? |
+| remote | the learner's function called in its kernel: arguments in, plain data out |
+| judge | the grader's judge process: runs every check's cases on the kernel's functions |
+| processes | the grader's process hygiene: find and kill everything a kernel started |
+| runner | `python -m minigrpo grade PATH`: execute notebooks, judge their checks, print the scores |
 """
 
 from minigrpo.grading.cases import (
@@ -41,21 +50,25 @@ from minigrpo.grading.cases import (
 from minigrpo.grading.framework import (
     CASE_TIMEOUT_S,
     CASES,
-    GRADE_FILE_ENV,
+    GRADED,
+    GRADING_RUN_ENV,
+    REFERENCES,
     Case,
     CaseResult,
     CheckResult,
     CheckTimeout,
+    LearnerError,
     Mismatch,
     cases,
+    evaluate,
     expect_close,
     expect_equal,
     format_check,
     last_traceback_line,
     max_points,
-    record_result,
     run_case,
     run_check,
+    value_and_gradient,
 )
 from minigrpo.grading.labs import (
     BUGS,
@@ -72,6 +85,8 @@ from minigrpo.grading.labs import (
 from minigrpo.grading.runner import (
     GradingError,
     NotebookReport,
+    accept_records,
+    check_calls,
     collect,
     expected_checks,
     find_notebooks,
@@ -85,17 +100,22 @@ __all__ = [
     "CASES",
     "CASE_TIMEOUT_S",
     "DIAGNOSTICS",
-    "GRADE_FILE_ENV",
+    "GRADED",
+    "GRADING_RUN_ENV",
     "WORKED_EXAMPLE_LENGTHS",
     "Case",
     "CaseResult",
     "CheckResult",
     "CheckTimeout",
     "GradingError",
+    "LearnerError",
     "Mismatch",
     "NotebookReport",
     "PlantedBugTrainer",
+    "REFERENCES",
+    "accept_records",
     "cases",
+    "check_calls",
     "check_aggregate_loss",
     "check_clipped_surrogate",
     "check_compute_gae",
@@ -113,6 +133,7 @@ __all__ = [
     "check_worked_example_step_one_loss",
     "collect",
     "diagnostics_table",
+    "evaluate",
     "expect_close",
     "expect_equal",
     "expected_checks",
@@ -124,7 +145,6 @@ __all__ = [
     "last_traceback_line",
     "max_points",
     "planted_bug_run",
-    "record_result",
     "reference_grpo_steps",
     "run_case",
     "run_check",
@@ -133,4 +153,5 @@ __all__ = [
     "small_grpo_config",
     "step_one_loss",
     "tiny_model_and_tokenizer",
+    "value_and_gradient",
 ]

@@ -1,33 +1,39 @@
-"""The check framework: cases with points, comparisons with hints, time limits, and the grade file.
+"""The check framework: cases with points, comparisons with hints, time limits, references.
 
 A check is a named list of cases, each worth some points. A case runs the
 learner's function and returns normally when it is right, or raises
 `Mismatch(hint)` when it is wrong. `run_check` runs every case of a check,
 prints one line per case (PASS / FAIL, points, the hint on failure) and
-records the result. It never raises because of the learner's code: an
+returns the result. It never raises because of the learner's code: an
 exception, or a case running past its time limit, is a failed case that shows
 the exception's last traceback line.
 
 Case lists are registered by name with a decorator, in one module per
 exercise (`minigrpo.grading.cases`)::
 
-    @cases("check_kl_k3")
+    @cases("check_kl_k3", references=[kl_penalty])
     def kl_cases() -> list[Case]: ...
 
-How the grader collects results (the protocol)
-----------------------------------------------
-`python -m minigrpo grade PATH` (`minigrpo.grading.runner`) executes each
-notebook in a fresh kernel with the environment variable MINIGRPO_GRADE_FILE
-set; every check appends one JSON line to that file (`CheckResult.to_dict()`:
-check, points, max_points, cases). The last record of a check wins (a re-run
-replaces it). Without MINIGRPO_GRADE_FILE (a learner running the notebook by
-hand) checks only print.
+Where the points come from
+--------------------------
+In a notebook a check runs its cases on the learner's function and prints them:
+that is feedback, and the learner's code can change anything in that process.
+`python -m minigrpo grade PATH` does not believe it. The check also remembers
+the function it was given (`GRADED`), and the grader's judge (a separate
+process of the package's own code, `minigrpo.grading.judge`) runs every case
+again, computing the expected answers and the points itself, calling the
+learner's function in the kernel through `minigrpo.grading.remote`. Inside a
+notebook run by the grader ($MINIGRPO_GRADING_RUN set) a check therefore only
+remembers the function and says so.
+
+A check whose function is (or wraps, or calls) the package's own solution of
+the exercise, its `references`, earns 0 with a message saying why
+(`minigrpo.grading.references`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import signal
@@ -38,7 +44,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-GRADE_FILE_ENV = "MINIGRPO_GRADE_FILE"
+GRADING_RUN_ENV = "MINIGRPO_GRADING_RUN"
+"""Set (to a random token) in the kernels the grader starts: checks there only remember the learner's function."""
 CASE_TIMEOUT_S = 20.0
 """Default time limit for one case of a check (the learner's function on one input)."""
 
@@ -92,6 +99,21 @@ class CheckTimeout(BaseException):
     """A case ran past its time limit (a BaseException, so `except Exception` in learner code cannot swallow it)."""
 
 
+class LearnerError(Exception):
+    """The learner's function raised in the kernel; `line` is its last traceback line ('ValueError: boom')."""
+
+    def __init__(self, line: str, not_implemented: bool = False):
+        super().__init__(line)
+        self.line, self.not_implemented = line, not_implemented
+
+
+class RemoteCallable:
+    """Marks a stand-in for the learner's function that runs it in another process (minigrpo.grading.remote)."""
+
+    def value_and_gradient(self, wrt: int, *args):
+        raise NotImplementedError
+
+
 @dataclass
 class Case:
     """One graded case: `run(learner_function)` returns normally when right, raises Mismatch(hint) when wrong."""
@@ -105,13 +127,18 @@ class Case:
 # --- the registry -------------------------------------------------------------------
 CASES: dict[str, Callable[[], list[Case]]] = {}
 """check name -> a function that lists its cases (cheap: a case does its work only when run)."""
+REFERENCES: dict[str, tuple] = {}
+"""check name -> the package's own solutions of that exercise: a learner's function that is one earns nothing."""
+GRADED: dict[str, object] = {}
+"""check name -> what the notebook last passed to that check: the function the grader's judge calls."""
 
 
-def cases(name: str):
-    """Register a case builder under the check's name: `@cases("check_x")` above `def x_cases() -> list[Case]`."""
+def cases(name: str, references: Sequence = ()):
+    """Register a case builder under the check's name: `@cases("check_x", references=[the package's x])`."""
 
     def register(builder: Callable[[], list[Case]]) -> Callable[[], list[Case]]:
         CASES[name] = builder
+        REFERENCES[name] = tuple(references)
         return builder
 
     return register
@@ -154,25 +181,69 @@ def run_case(case: Case, learner: Callable) -> CaseResult:
         message = f"timed out: your function {slow} (an infinite loop?)"
         return CaseResult(case.name, 0.0, case.points, False, message)
     except NotImplementedError as error:
-        message = f"not implemented yet ({last_traceback_line(error)}): write your solution in place of the raise"
+        return CaseResult(case.name, 0.0, case.points, False, _not_implemented(last_traceback_line(error)))
+    except LearnerError as error:  # raised in the kernel, reported by minigrpo.grading.remote
+        message = _not_implemented(error.line) if error.not_implemented else f"your code raised {error.line}"
         return CaseResult(case.name, 0.0, case.points, False, message)
     except Exception as error:
         return CaseResult(case.name, 0.0, case.points, False, f"your code raised {last_traceback_line(error)}")
     return CaseResult(case.name, case.points, case.points, True)
 
 
-def run_check(name: str, learner: Callable, quiet: bool = False) -> CheckResult:
-    """Run every case of check `name` on the learner's function, print the results and record them."""
-    result = CheckResult(name)
-    if not callable(learner):
-        message = f"expected a function, got {type(learner).__name__}: pass the function itself, without calling it"
-        result.cases = [CaseResult(c.name, 0.0, c.points, False, message) for c in CASES[name]()]
-    else:
-        result.cases = [run_case(case, learner) for case in CASES[name]()]
+def _not_implemented(line: str) -> str:
+    return f"not implemented yet ({line}): write your solution in place of the raise"
+
+
+def run_check(name: str, learner: Callable, quiet: bool = False, allow_reference: bool = False) -> CheckResult:
+    """Run every case of check `name` on the learner's function and print the results (feedback, not the grade).
+
+    `allow_reference=True` lets the package's own functions through (the package's tests check the checks
+    with them); learners' check_x calls never pass it.
+    """
+    GRADED[name] = learner
+    if os.environ.get(GRADING_RUN_ENV):  # the grader's judge runs the cases, outside this process
+        if not quiet:
+            print(f"{name}: recorded; `python -m minigrpo grade` runs its cases outside the notebook.")
+        return CheckResult(name)
+    refusal = refusal_reason(name, learner, allow_reference)
+    result = evaluate(name, learner, refusal)
     if not quiet:
         print(format_check(result))
-    record_result(result)
     return result
+
+
+def refusal_reason(name: str, learner, allow_reference: bool = False) -> str | None:
+    """Why `learner` earns nothing without running a case: not a function, or the package's own solution."""
+    if not callable(learner):
+        return f"expected a function, got {type(learner).__name__}: pass the function itself, without calling it"
+    if allow_reference:
+        return None
+    from minigrpo.grading.references import reference_reason  # it imports this module
+
+    return reference_reason(learner, REFERENCES.get(name, ()))
+
+
+def evaluate(name: str, learner: Callable, refusal: str | None = None) -> CheckResult:
+    """Every case of check `name` on `learner`; with a `refusal`, every case fails with that message instead."""
+    builders = CASES[name]()
+    if refusal:
+        return CheckResult(name, [CaseResult(c.name, 0.0, c.points, False, refusal) for c in builders])
+    return CheckResult(name, [run_case(case, learner) for case in builders])
+
+
+def value_and_gradient(learner: Callable, wrt: int, *args):
+    """The learner's result for `args`, and d result.sum() / d args[wrt] (None when the result carries no gradient).
+
+    args[wrt] must require grad. A stand-in for a function in another process computes both there: a graph
+    cannot cross processes.
+    """
+    if isinstance(learner, RemoteCallable):
+        return learner.value_and_gradient(wrt, *args)
+    value = learner(*args)
+    if not isinstance(value, torch.Tensor) or not value.requires_grad:
+        return value, None
+    (gradient,) = torch.autograd.grad(value.sum(), args[wrt])
+    return value, gradient
 
 
 def format_check(result: CheckResult) -> str:
@@ -185,14 +256,6 @@ def format_check(result: CheckResult) -> str:
     if result.passed:
         lines.append("  all cases pass.")
     return "\n".join(lines)
-
-
-def record_result(result: CheckResult) -> None:
-    """Append the result as one JSON line to $MINIGRPO_GRADE_FILE, when the grader set it."""
-    path = os.environ.get(GRADE_FILE_ENV)
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(result.to_dict()) + "\n")
 
 
 def max_points(name: str) -> float:

@@ -1,26 +1,50 @@
 """The grader: `python -m minigrpo grade PATH [--json] [--timeout S]`.
 
-It executes each notebook in a fresh kernel of the current Python (nbclient,
-`allow_errors=True`, so a cell that raises NotImplementedError does not stop
-the check cells after it), with MINIGRPO_GRADE_FILE set for the kernel: every
-check the notebook runs appends its result there (the protocol is in
-`minigrpo.grading.framework`). A check that the notebook's code cells call
-(`check_xxx(`) but that never reported (its cell failed first, or the notebook
-timed out) scores 0 out of its maximum, with the reason. The grader also sets
-MINIGRPO_QUICK=1 unless it is already set, so the notebooks' training cells
-stay short.
+How a notebook is graded, and why its score can be trusted
+-----------------------------------------------------------
+1. Run it: nbclient executes the notebook in a fresh kernel of the current
+   Python (`allow_errors=True`, so a cell that raises NotImplementedError does
+   not stop the cells after it), in a session of its own, with
+   $MINIGRPO_GRADING_RUN set to a random token. Its checks only remember the
+   function they were given. Nothing the kernel prints or writes is read.
+2. Judge it: a separate process of the package's own code
+   (`minigrpo.grading.judge`) runs the cases of every check that the notebook's
+   code cells call (`check_xxx(`), computing the expected answers and the
+   points itself; it calls the learner's functions in the kernel and gets back
+   plain data only (`minigrpo.grading.remote`). Patching the package in the
+   kernel, or writing anything anywhere, changes no point: learner code never
+   runs in the judge. A function that is, wraps or calls the package's own
+   solution of the exercise earns 0 for that check, with the reason
+   (`minigrpo.grading.references`).
+3. Accept it: the judge's records come back signed (HMAC under a key only the
+   runner and the judge know). A record for a check the notebook does not call,
+   with points above the check's maximum, or malformed, is rejected: that check
+   scores 0 with the reason. A notebook that cannot be read, times out, kills
+   its kernel or breaks its judge scores 0 on its own checks only.
+4. Clean up: the kernel's whole session, and every process carrying the token,
+   is killed (`minigrpo.grading.processes`).
 
-This is feedback for learners, not a sandbox: the learner's code runs with the
-grader's permissions.
+A check that the notebook calls but that did not run (its cell failed first, or
+the notebook timed out) scores 0 out of its maximum, with the reason. The
+grader sets MINIGRPO_QUICK=1 unless it is already set, so the notebooks'
+training cells stay short.
+
+The learner's code still runs with the grader's user account: it cannot change
+a score through Python, files or the kernel's output, but it can read files or
+disturb other processes of that user. Grade untrusted notebooks in a container.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import hmac
 import json
 import math
 import os
 import re
+import secrets
+import signal
 import sys
 import tempfile
 import time
@@ -28,7 +52,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.grading.framework import CASES, GRADE_FILE_ENV, format_points, last_traceback_line, max_points
+from minigrpo.grading.framework import CASES, GRADING_RUN_ENV, format_points, last_traceback_line, max_points
+from minigrpo.grading.processes import alive, kill_leftovers
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds the minigrpo package: the kernels import this copy, not another one on their path."""
@@ -110,20 +135,84 @@ def _cell_error(nb, check: str) -> str | None:
     return None
 
 
-def collect(nb, record_file: Path, report: NotebookReport) -> None:
-    """Fill report.checks from the records the checks wrote; checks that never reported get 0."""
-    recorded: dict[str, dict] = {}
-    if record_file.exists():
-        for line in record_file.read_text().splitlines():
-            if line.strip():
-                result = json.loads(line)
-                recorded[result["check"]] = result  # the last run of a check wins
-    for name in expected_checks(nb) + [n for n in recorded if n not in expected_checks(nb)]:
-        if name in recorded:
-            report.checks.append(recorded[name])
+def check_calls(nb) -> dict[str, dict]:
+    """check -> {"cell": index in nb.cells, "argument": the expression passed} of its last call in the code cells."""
+    from IPython.core.inputtransformer2 import TransformerManager  # %magics -> Python
+
+    calls: dict[str, dict] = {}
+    transformer = TransformerManager()
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "check_" not in cell.source:
             continue
-        reason = _cell_error(nb, name) or (
-            f"the notebook {report.status}" if report.status != "ok" else "the check was never called"
+        try:
+            source = transformer.transform_cell(cell.source)
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in CASES:
+                passed = node.args[0] if node.args else (node.keywords[0].value if node.keywords else None)
+                argument = ast.get_source_segment(source, passed) if passed is not None else None
+                calls[name] = {"cell": index, "argument": argument}
+    return calls
+
+
+def accept_records(records, expected: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """The judge's records that make sense, by check, and a line for each one rejected."""
+    accepted, problems = {}, []
+    for record in records if isinstance(records, list) else []:
+        check = record.get("check") if isinstance(record, dict) else None
+        problem = _record_problem(record, expected, accepted)
+        if problem:
+            problems.append(f"{check or record!r}: record rejected, {problem}")
+            if check in expected and check not in accepted:
+                accepted[check] = {"check": check, "not_run": f"its record was rejected ({problem})"}
+        else:
+            accepted[check] = record
+    return accepted, problems
+
+
+def _record_problem(record, expected: list[str], accepted: dict) -> str | None:
+    if not isinstance(record, dict) or not isinstance(record.get("check"), str):
+        return "not a check's record"
+    check = record["check"]
+    if check not in expected:
+        return "the notebook does not call this check"
+    if check in accepted:
+        return "a second record for the same check"
+    if "not_run" in record:
+        return None if isinstance(record["not_run"], str) else "a malformed reason"
+    cases = record.get("cases")
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        return "no list of cases"
+    most = max_points(check)
+    points = [c.get("points") for c in cases]
+    maxima = [c.get("max_points") for c in cases]
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in points + maxima):
+        return "points that are not finite numbers"
+    if any(not 0 <= p <= m for p, m in zip(points, maxima, strict=True)):
+        return "a case with more points than its maximum"
+    if abs(sum(maxima) - most) > 1e-9 or record.get("max_points") != most:
+        return f"a maximum other than the check's {format_points(most)}"
+    if record.get("points") != sum(points) or record["points"] > most:
+        return f"{record.get('points')!r} points, more than its cases' or the check's maximum"
+    return None
+
+
+def collect(nb, records: dict[str, dict], report: NotebookReport) -> None:
+    """Fill report.checks from the judge's accepted records; a check without one scores 0, with the reason."""
+    for name in expected_checks(nb):
+        record = records.get(name, {})
+        if record and "not_run" not in record:
+            report.checks.append(record)
+            continue
+        reason = (
+            record.get("not_run")
+            or _cell_error(nb, name)
+            or (f"the notebook {report.status}" if report.status != "ok" else "the check was never called")
         )
         report.checks.append(
             {"check": name, "points": 0.0, "max_points": max_points(name), "cases": [], "not_run": reason}
@@ -149,18 +238,83 @@ def _kernel_manager(kernel_dir: Path):
     return AsyncKernelManager(kernel_name="minigrpo-grader", kernel_spec_manager=specs)
 
 
-def _kernel_env(record_file: Path, jobs: int) -> dict:
+def _environment(jobs: int, **extra: str) -> dict:
+    """The grader's environment for a kernel or a judge: this package first on the path, quick runs, threads."""
     env = dict(os.environ)
-    env[GRADE_FILE_ENV] = str(record_file)
+    env.pop(GRADING_RUN_ENV, None)
     env.setdefault("MINIGRPO_QUICK", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // jobs))
-    return env
+    return {**env, **extra}
 
 
 def _cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class JudgeFailed(Exception):
+    """The judge of one notebook did not give usable records: that notebook's checks score 0."""
+
+
+async def _judge(nb, km, kernel_pid: int, budget: float, jobs: int) -> list:
+    """Run the judge on a notebook whose kernel is still up; its records, authenticated."""
+    key = secrets.token_bytes(32)
+    connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
+    request = {
+        "key": key.hex(),
+        "checks": expected_checks(nb),
+        "calls": check_calls(nb),
+        "cells": [cell.source if cell.cell_type == "code" else "" for cell in nb.cells],
+        "connection": connection,
+        "kernel_pid": kernel_pid,
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "minigrpo.grading.judge",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=_environment(jobs),
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(json.dumps(request).encode() + b"\n"), budget)
+    except asyncio.TimeoutError:
+        raise JudgeFailed(f"its checks ran longer than {budget:g} s") from None
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    if process.returncode != 0:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+        raise JudgeFailed(f"the judge stopped with exit code {process.returncode}: {last}")
+    return read_answer(out, key)
+
+
+def read_answer(out: bytes, key: bytes) -> list:
+    """The judge's records from its stdout: the last line whose HMAC verifies (a line forged by others does not)."""
+    from minigrpo.grading.judge import sign
+
+    for line in reversed(out.decode(errors="replace").splitlines()):
+        try:
+            answer = json.loads(line)
+            records, mac = answer["records"], answer["mac"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(mac, str) and hmac.compare_digest(sign(key, records), mac):
+            return records
+    raise JudgeFailed("no answer from the judge passed authentication")
+
+
+def _check_cells_ran(nb) -> bool:
+    """Did any cell that calls a check execute? (If none did, there is nothing to judge.)"""
+    names = expected_checks(nb)
+    return any(
+        cell.cell_type == "code" and cell.get("execution_count") and any(n in cell.source for n in names)
+        for cell in nb.cells
+    )
 
 
 async def _grade_notebook(path: Path, timeout: float, jobs: int, workdir: Path) -> NotebookReport:
@@ -171,45 +325,59 @@ async def _grade_notebook(path: Path, timeout: float, jobs: int, workdir: Path) 
     report = NotebookReport(str(path))
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception as error:
-        raise GradingError(f"cannot read {path}: {last_traceback_line(error)}") from error
-    record_file = workdir / f"{path.stem}-{abs(hash(str(path)))}.jsonl"
-    record_file.unlink(missing_ok=True)
+    except Exception as error:  # this notebook scores 0; the others are still graded
+        report.status = "unreadable"
+        report.errors.append(f"cannot read {path}: {last_traceback_line(error)}")
+        return report
+    token = secrets.token_hex(16)
     client = NotebookClient(
         nb,
         timeout=int(timeout),
         allow_errors=True,
-        km=_kernel_manager(workdir / f"kernel-{abs(hash(str(path)))}"),
+        km=_kernel_manager(workdir / f"kernel-{token}"),
         resources={"metadata": {"path": str(path.parent.resolve())}},
         extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no start-up warnings on the grader's stderr
     )
-    started = time.monotonic()
+    started, kernel_pid, records = time.monotonic(), None, []
     try:
-        async with client.async_setup_kernel(env=_kernel_env(record_file, jobs)):
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                remaining = timeout - (time.monotonic() - started)
-                if remaining <= 0:
-                    raise CellTimeoutError("the notebook ran out of time")
-                client.timeout = max(1, int(math.ceil(remaining)))
-                await client.async_execute_cell(cell, index)
-    except CellTimeoutError:
-        report.status = "timed out"
-        report.errors.append(f"the notebook ran longer than --timeout {timeout:g} s; later cells did not run")
-    except DeadKernelError as error:
-        report.status = "kernel died"
-        report.errors.append(f"the kernel died: {last_traceback_line(error)}")
+        async with client.async_setup_kernel(env=_environment(jobs, **{GRADING_RUN_ENV: token})):
+            kernel_pid = client.km.provisioner.pid  # the leader of the kernel's own session
+            try:
+                for index, cell in enumerate(nb.cells):
+                    if cell.cell_type != "code":
+                        continue
+                    remaining = timeout - (time.monotonic() - started)
+                    if remaining <= 0:
+                        raise CellTimeoutError("the notebook ran out of time")
+                    client.timeout = max(1, int(math.ceil(remaining)))
+                    await client.async_execute_cell(cell, index)
+            except CellTimeoutError:
+                report.status = "timed out"
+                report.errors.append(f"the notebook ran longer than --timeout {timeout:g} s; later cells did not run")
+                await client.km.interrupt_kernel()  # stop the running cell, so the judge can reach the kernel
+            except DeadKernelError as error:
+                report.status = "kernel died"
+                report.errors.append(f"the kernel died: {last_traceback_line(error)}")
+            report.seconds = time.monotonic() - started
+            if alive(kernel_pid) and _check_cells_ran(nb):
+                try:
+                    records = await _judge(nb, client.km, kernel_pid, timeout + 60, jobs)
+                except JudgeFailed as failed:
+                    report.errors.append(f"grading failed: {failed}")
+                    records = [{"check": name, "not_run": f"grading failed: {failed}"} for name in expected_checks(nb)]
     except RuntimeError as error:
         if client.kc is None:  # the kernel never started: grading could not run
             raise GradingError(f"could not start a kernel for {path}: {last_traceback_line(error)}") from error
         raise
-    report.seconds = time.monotonic() - started
+    finally:
+        kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
     for cell in nb.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if output.get("output_type") == "error" and output["ename"] != "NotImplementedError":
                 report.errors.append(f"{output['ename']}: {output['evalue']}")
-    collect(nb, record_file, report)
+    accepted, problems = accept_records(records, expected_checks(nb))
+    report.errors += problems
+    collect(nb, accepted, report)
     return report
 
 
@@ -233,7 +401,7 @@ def grade_notebooks(
     if jobs is None:
         jobs = int(os.environ.get("MINIGRPO_GRADE_JOBS", "0")) or min(len(notebooks), _cpu_count(), 4)
     jobs = max(1, jobs)
-    with tempfile.TemporaryDirectory(prefix="minigrpo-grade-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="minigrpo-grade-") as tmp:  # kernel specs only
         return asyncio.run(_grade_all(notebooks, timeout, jobs, Path(tmp), progress or (lambda report: None)))
 
 

@@ -33,7 +33,7 @@ def _advantage_mistakes(grouped: torch.Tensor, eps: float) -> list[tuple[str, to
     ]
 
 
-@cases("check_group_relative_advantages")
+@cases("check_group_relative_advantages", references=[reference.group_relative_advantages])
 def _advantage_cases() -> list[Case]:
     def compare(grouped: torch.Tensor, eps: float, atol: float = 1e-5):
         def run(learner):
@@ -77,7 +77,7 @@ def _advantage_cases() -> list[Case]:
     ]
 
 
-@cases("check_rloo_advantages")
+@cases("check_rloo_advantages", references=[reference.group_baseline, reference.group_relative_advantages])
 def _rloo_cases() -> list[Case]:
     def compare(grouped: torch.Tensor, what: str):
         def run(learner):

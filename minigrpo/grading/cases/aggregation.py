@@ -40,7 +40,7 @@ def _aggregation_mistakes(loss, mask, Tmax):
     ]
 
 
-@cases("check_aggregate_loss")
+@cases("check_aggregate_loss", references=[reference])
 def _aggregation_cases() -> list[Case]:
     def compare(loss, mask, loss_type, Tmax, want=None, what=""):
         def run(learner):

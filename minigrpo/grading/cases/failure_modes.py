@@ -8,7 +8,7 @@ from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, run_c
 from minigrpo.grading.labs import BUGS, MYSTERY_RUNS
 
 
-@cases("check_failure_modes")
+@cases("check_failure_modes", references=[MYSTERY_RUNS])
 def _failure_mode_cases() -> list[Case]:
     signatures = {
         "shifted_logps": "on-policy, -log p of the sampled tokens should match the entropy (nll-H near 0)",

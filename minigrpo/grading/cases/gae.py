@@ -34,7 +34,7 @@ def _gae_mistakes(rewards, values, mask, gamma, lam):
     ]
 
 
-@cases("check_compute_gae")
+@cases("check_compute_gae", references=[reference])
 def _gae_cases() -> list[Case]:
     def hand(learner):
         rewards, values, mask = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.6, 0.7]]), torch.ones(1, 3)

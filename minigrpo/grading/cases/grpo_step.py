@@ -17,9 +17,10 @@ from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, expec
 from minigrpo.grading.labs import reference_grpo_steps, single_thread, small_grpo_config, tiny_model_and_tokenizer
 from minigrpo.models import make_reference_model
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
+from minigrpo.trainer import GRPOTrainer
 
 
-@cases("check_grpo_step")
+@cases("check_grpo_step", references=[GRPOTrainer, reference_grpo_steps])
 def _grpo_step_cases() -> list[Case]:
     def compare(overrides: dict, seeds: list[int]):
         def run(learner):

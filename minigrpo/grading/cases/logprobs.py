@@ -6,11 +6,22 @@ from collections.abc import Callable
 
 import torch
 
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, expect_close, random_mask, run_check, seeded
+from minigrpo.grading.framework import (
+    Case,
+    CheckResult,
+    Mismatch,
+    cases,
+    expect_close,
+    random_mask,
+    run_check,
+    seeded,
+    value_and_gradient,
+)
 from minigrpo.logprobs import masked_mean as reference
+from minigrpo.logprobs import selective_log_softmax
 
 
-@cases("check_masked_mean")
+@cases("check_masked_mean", references=[reference])
 def _masked_mean_cases() -> list[Case]:
     def mistakes(values, mask, dim):
         total = (lambda x: x.sum()) if dim is None else (lambda x: x.sum(dim))  # noqa: E731
@@ -112,7 +123,7 @@ def _logps_mistakes(logits, input_ids, T):
     ]
 
 
-@cases("check_per_token_logps")
+@cases("check_per_token_logps", references=[logps_reference, selective_log_softmax])
 def _logps_cases() -> list[Case]:
     def compare(N, L, V, T, seed, what):
         def run(learner):
@@ -130,10 +141,9 @@ def _logps_cases() -> list[Case]:
         g = seeded(8)
         logits = (torch.randn(3, 6, 5, generator=g) * 2).requires_grad_()
         input_ids = torch.randint(0, 5, (3, 6), generator=g)
-        got = learner(logits, input_ids, 4)
-        if not isinstance(got, torch.Tensor) or not got.requires_grad:
+        got, got_grad = value_and_gradient(learner, 0, logits, input_ids, 4)
+        if not isinstance(got, torch.Tensor) or got_grad is None:
             raise Mismatch("the result carries no gradient: do not call .detach(), .item() or torch.no_grad() inside.")
-        (got_grad,) = torch.autograd.grad(got.sum(), logits)
         reference_logits = logits.detach().requires_grad_()
         (want_grad,) = torch.autograd.grad(logps_reference(reference_logits, input_ids, 4).sum(), reference_logits)
         expect_close(

@@ -14,7 +14,7 @@ _EXTRACT_HINT = (
 )
 
 
-@cases("check_extract_answer")
+@cases("check_extract_answer", references=[arithmetic.extract_answer])
 def _extract_cases() -> list[Case]:
     def hand(examples: dict):
         def run(learner):
@@ -84,7 +84,7 @@ def _random_completions(seed: int, n: int) -> tuple[list[str], list[str]]:
     return completions, answers
 
 
-@cases("check_graded_reward")
+@cases("check_graded_reward", references=[arithmetic.graded_reward])
 def _graded_reward_cases() -> list[Case]:
     def worked_example(learner):
         got = _call_reward(learner, arithmetic.WORKED_EXAMPLE_COMPLETIONS, [arithmetic.WORKED_EXAMPLE_ANSWER] * 8)
@@ -111,7 +111,7 @@ HACKS = {
 }
 
 
-@cases("check_reward_hacking")
+@cases("check_reward_hacking", references=[arithmetic.graded_reward])
 def _reward_hacking_cases() -> list[Case]:
     def no_reward_for(kind: str):
         def run(learner):

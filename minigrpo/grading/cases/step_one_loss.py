@@ -44,7 +44,7 @@ def _step_one_hint(loss_type: str) -> str:
     }[loss_type]
 
 
-@cases("check_step_one_loss")
+@cases("check_step_one_loss", references=[step_one_loss])
 def _step_one_cases() -> list[Case]:
     def compare(advantages, lengths, loss_type, Tmax, what):
         def run(learner):
@@ -108,7 +108,7 @@ def _step_one_cases() -> list[Case]:
     ]
 
 
-@cases("check_worked_example_step_one_loss")
+@cases("check_worked_example_step_one_loss", references=[step_one_loss])
 def _worked_step_one_cases() -> list[Case]:
     def run(learner):
         advantages = group_relative_advantages(torch.tensor([WORKED_EXAMPLE_REWARDS])).flatten()  # (8,)

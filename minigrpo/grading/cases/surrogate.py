@@ -6,7 +6,16 @@ from collections.abc import Callable
 
 import torch
 
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, expect_close, run_check, seeded
+from minigrpo.grading.framework import (
+    Case,
+    CheckResult,
+    Mismatch,
+    cases,
+    expect_close,
+    run_check,
+    seeded,
+    value_and_gradient,
+)
 from minigrpo.losses import clipped_surrogate as reference
 
 
@@ -28,7 +37,7 @@ def _surrogate_mistakes(ratio, advantages, low, high):
     ]
 
 
-@cases("check_clipped_surrogate")
+@cases("check_clipped_surrogate", references=[reference])
 def _surrogate_cases() -> list[Case]:
     def compare(ratio, advantages, low, high, what):
         def run(learner):
@@ -59,10 +68,9 @@ def _surrogate_cases() -> list[Case]:
         g = seeded(10)
         ratio = torch.exp(torch.randn(4, 6, generator=g) * 0.3).requires_grad_()
         advantages = torch.randn(4, generator=g)
-        got = learner(ratio, advantages, 0.2, 0.28)
-        if not isinstance(got, torch.Tensor) or not got.requires_grad:
+        got, got_grad = value_and_gradient(learner, 0, ratio, advantages, 0.2, 0.28)
+        if not isinstance(got, torch.Tensor) or got_grad is None:
             raise Mismatch("the surrogate carries no gradient: keep it a differentiable function of the ratio.")
-        (got_grad,) = torch.autograd.grad(got.sum(), ratio)
         r = ratio.detach().requires_grad_()
         (want_grad,) = torch.autograd.grad(reference(r, advantages, 0.2, 0.28).sum(), r)
         expect_close(

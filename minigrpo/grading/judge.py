@@ -1,0 +1,82 @@
+"""The grader's judge: `python -m minigrpo.grading.judge`, one process per notebook, running only the package's code.
+
+The runner starts it after the notebook has run, and writes one JSON line on
+its stdin: a secret key, the checks the notebook's code cells call (with the
+cell and the expression passed to each), the code cells, and how to reach the
+kernel. For each check the judge
+
+1. asks the kernel what the notebook passed to it (`remote.describe`): nothing
+   (the check never ran), something that is not a function, or the package's
+   own solution (the kernel's look, `references.reference_reason`);
+2. reads the notebook's source for the same (`references.source_reference_reason`),
+   here, where no learner code runs;
+3. runs every case (`framework.evaluate`) with a `remote.KernelFunction`:
+   the expected answers, the comparisons and the points are computed here.
+
+It prints one JSON line: the records, and their HMAC-SHA256 under the key,
+which only the runner and this process know (the key never passes through the
+kernel's environment, files or arguments), so a line written into this
+process's stdout by anyone else is rejected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from minigrpo.grading.framework import CASES, REFERENCES, LearnerError, evaluate
+from minigrpo.grading.references import source_reference_reason
+from minigrpo.grading.remote import Kernel, KernelFunction, KernelGone, describe
+
+
+def sign(key: bytes, records: list[dict]) -> str:
+    """The records' HMAC-SHA256 under `key`, over their canonical JSON."""
+    return hmac.new(key, json.dumps(records, sort_keys=True).encode(), hashlib.sha256).hexdigest()
+
+
+def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str]) -> dict:
+    """One check's record: CheckResult.to_dict(), or {"check", "not_run": reason} ("" when the runner knows why)."""
+    try:
+        seen = describe(kernel, check)
+    except (KernelGone, LearnerError) as gone:
+        return {"check": check, "not_run": str(gone)}
+    if not seen.get("registered"):
+        return {"check": check, "not_run": ""}
+    refusal = None
+    if call is not None and call.get("argument"):
+        refusal = source_reference_reason(cells, call["cell"], call["argument"], REFERENCES.get(check, ()))
+    refusal = refusal or seen.get("refusal")
+    return evaluate(check, KernelFunction(kernel, check), str(refusal) if refusal else None).to_dict()
+
+
+def judge(request: dict) -> list[dict]:
+    """Every requested check of one notebook, judged against its kernel."""
+    cells = request["cells"]
+    with tempfile.TemporaryDirectory(prefix="minigrpo-judge-") as workdir:
+        kernel = Kernel(request["connection"], request["kernel_pid"], Path(workdir))
+        try:
+            return [
+                judge_check(kernel, check, request["calls"].get(check), cells)
+                for check in request["checks"]
+                if check in CASES
+            ]
+        finally:
+            kernel.close()
+
+
+def main() -> int:
+    request = json.loads(sys.stdin.readline())
+    key = bytes.fromhex(request.pop("key"))
+    out, sys.stdout = sys.stdout, sys.stderr  # only the result line goes to stdout
+    records = judge(request)
+    out.write(json.dumps({"records": records, "mac": sign(key, records)}) + "\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""Is the learner's function the package's own solution? Two looks: the live object, and the notebook's source.
+
+Each check lists its `references` (`@cases("check_x", references=[...])`): the
+package's functions that solve the exercise. A learner's function that is one
+of them, wraps one (`functools.wraps`, `functools.partial`, a bound method) or
+calls one (a `lambda *a: clipped_surrogate(*a)`, a helper that does, a module
+attribute such as `losses.clipped_surrogate`) earns 0 for that check, with a
+message that names the reference.
+
+- `reference_reason(obj, references)` looks at the live function object: its
+  identity, its `__code__`, its `__wrapped__` / `.func` chain, its closure, its
+  defaults and the globals its code names (following the learner's own helper
+  functions, not the package's). It runs where the function lives: in the
+  kernel, which the learner controls, so it is only the first look.
+- `source_reference_reason(cells, cell_index, argument, references)` reads the
+  notebook's code cells, in the grader's judge, which no learner code reaches:
+  from the expression passed to the check it follows the top-level bindings
+  (def, assignment, import) that the function needs and resolves every import
+  from the package. It sees imports and attribute chains, not names built from
+  strings at run time; nothing can tell a reference whose source was pasted
+  into the notebook from the learner's own work.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import sysconfig
+import types
+from collections.abc import Sequence
+from pathlib import Path
+
+_MAX_DEPTH = 6
+"""How many levels of helpers, wrappers and modules to follow: enough for real code, bounded for cycles."""
+
+
+def _name(reference) -> str:
+    module, qualname = getattr(reference, "__module__", None), getattr(reference, "__qualname__", None)
+    return f"{module}.{qualname}" if module and qualname else f"answer key {type(reference).__name__}"
+
+
+def _message(reference, how: str) -> str:
+    return (
+        f"your function {how} the package's own {_name(reference)}: write your own implementation "
+        "(the reference earns no points)."
+    )
+
+
+# --- the live object ------------------------------------------------------------------------
+def reference_reason(obj, references: Sequence) -> str | None:
+    """A message when `obj` is, wraps or calls one of `references`; None when it is the learner's own."""
+    if not references:
+        return None
+    found = _find(obj, tuple(references), 0, set())
+    return _message(*found) if found else None
+
+
+def _matches(obj, references: tuple):
+    for reference in references:
+        if obj is reference:
+            return reference
+        code = getattr(reference, "__code__", None)
+        if code is not None and getattr(obj, "__code__", None) is code:
+            return reference
+    return None
+
+
+def _unwrapped(obj) -> list:
+    """What `obj` delegates to: a partial's function, a bound method's function, __wrapped__, an instance's __call__."""
+    inner = []
+    if isinstance(obj, functools.partial):
+        inner += [obj.func, *obj.args, *obj.keywords.values()]
+    inner += [getattr(obj, attr) for attr in ("__wrapped__", "__func__") if hasattr(obj, attr)]
+    if not isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, type)) and callable(obj):
+        call = type(obj).__dict__.get("__call__")  # a class the notebook defined
+        if isinstance(call, types.FunctionType) and _is_learners(call):
+            inner.append(call)
+    return inner
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """Every global or attribute name the code (and the functions and lambdas defined in it) mentions."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+def _find(obj, references: tuple, depth: int, seen: set):
+    if depth > _MAX_DEPTH or id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    reference = _matches(obj, references)
+    if reference is not None:
+        return reference, "is" if depth == 0 else "calls"
+    for inner in _unwrapped(obj):
+        found = _find(inner, references, depth + 1, seen)
+        if found:
+            return found[0], "wraps"
+    if not isinstance(obj, types.FunctionType) or not _is_learners(obj):
+        return None  # the package's functions may call references of other exercises; libraries call none
+    names = _code_names(obj.__code__)
+    values = [cell.cell_contents for cell in obj.__closure__ or () if _has_contents(cell)]
+    values += list(obj.__defaults__ or ()) + list((obj.__kwdefaults__ or {}).values())
+    values += [obj.__globals__[name] for name in names if name in obj.__globals__]
+    for value in values:
+        if isinstance(value, types.ModuleType):
+            found = _find_in_module(value, names, references, depth + 1)
+        else:
+            found = _find(value, references, depth + 1, seen)
+        if found:
+            return found[0], "calls"
+    return None
+
+
+def _find_in_module(module: types.ModuleType, names: set[str], references: tuple, depth: int):
+    """`losses.clipped_surrogate` or `minigrpo.losses.clipped_surrogate`: a module's attributes the code names."""
+    if depth > _MAX_DEPTH:
+        return None
+    for name in names:
+        value = getattr(module, name, None)
+        reference = _matches(value, references)
+        if reference is not None:
+            return reference, "calls"
+        if isinstance(value, types.ModuleType) and value is not module:
+            found = _find_in_module(value, names, references, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def _is_learners(function: types.FunctionType) -> bool:
+    """Defined in the notebook or a file of the learner's, not in the package, the standard library or a library."""
+    file = function.__globals__.get("__file__")
+    if not isinstance(file, str):
+        return True  # a notebook cell, or exec
+    if (function.__module__ or "").split(".")[0] == "minigrpo":
+        return False
+    return not any(file.startswith(root) for root in _library_roots())
+
+
+@functools.cache
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({str(Path(paths[key]).resolve()) for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def _has_contents(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # an empty cell: a name the closure binds later
+        return False
+    return True
+
+
+# --- the notebook's source --------------------------------------------------------------------
+def source_reference_reason(cells: Sequence[str], cell_index: int, argument: str, references: Sequence) -> str | None:
+    """A message when the expression `argument`, passed to a check in code cell `cell_index`, uses a reference.
+
+    cells: the notebook's code cells (IPython source) by index; earlier cells and this one bind the names.
+    Only imports from the package itself are resolved (importing them here runs no learner code).
+    """
+    references = tuple(references)
+    if not references:
+        return None
+    bindings = _bindings([c for i, c in sorted(_parsed(cells).items()) if i <= cell_index])
+    try:
+        start = ast.parse(argument, mode="eval")
+    except SyntaxError:
+        return None
+    pending, done, chains = [start], set(), []
+    while pending:
+        node = pending.pop()
+        names, node_chains = _loads(node)
+        chains += node_chains
+        for name in names - done:
+            done.add(name)
+            binding = bindings.get(name)
+            if isinstance(binding, _Import):
+                reference = _matches(binding.resolve(), references)
+                if reference is not None:
+                    return _message(reference, f"uses (through `{name}`)")
+            elif binding is not None:
+                pending.append(binding)
+    for chain in chains:
+        binding = bindings.get(chain[0])
+        if isinstance(binding, _Import):
+            value = binding.resolve()
+            for attribute in chain[1:]:
+                value = getattr(value, attribute, None)
+                reference = _matches(value, references)
+                if reference is not None:
+                    return _message(reference, f"uses (through `{'.'.join(chain)}`)")
+    return None
+
+
+class _Import:
+    """`from module import attribute` (attribute None: `import module`), resolved only inside the package."""
+
+    def __init__(self, module: str, attribute: str | None):
+        self.module, self.attribute = module, attribute
+
+    def resolve(self):
+        if self.module.split(".")[0] != "minigrpo":
+            return None
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError:
+            return None
+        return module if self.attribute is None else getattr(module, self.attribute, None)
+
+
+def _parsed(cells: Sequence[str]) -> dict[int, ast.Module]:
+    from IPython.core.inputtransformer2 import TransformerManager  # turns %magics into plain Python
+
+    transformer, trees = TransformerManager(), {}
+    for index, source in enumerate(cells):
+        try:
+            trees[index] = ast.parse(transformer.transform_cell(source))
+        except (SyntaxError, ValueError):
+            continue  # a cell that does not parse defines nothing
+    return trees
+
+
+def _bindings(trees: list[ast.Module]) -> dict[str, object]:
+    """name -> what bound it last at the top level: an _Import, or the statement (def, class, assignment, ...)."""
+    bindings: dict[str, object] = {}
+    for tree in trees:
+        for statement in tree.body:
+            if isinstance(statement, ast.Import):
+                for alias in statement.names:
+                    if alias.asname:
+                        bindings[alias.asname] = _Import(alias.name, None)
+                    else:  # `import minigrpo.losses` binds `minigrpo`
+                        top = alias.name.split(".")[0]
+                        bindings[top] = _Import(top, None)
+            elif isinstance(statement, ast.ImportFrom) and statement.level == 0:
+                for alias in statement.names:
+                    bindings[alias.asname or alias.name] = _Import(statement.module or "", alias.name)
+            else:
+                for name in _bound_names(statement):
+                    bindings[name] = statement
+    return bindings
+
+
+def _bound_names(statement: ast.stmt) -> set[str]:
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    targets = []
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+        targets = [statement.target]
+    elif isinstance(statement, (ast.With, ast.AsyncWith)):
+        targets = [item.optional_vars for item in statement.items if item.optional_vars is not None]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _loads(node: ast.AST) -> tuple[set[str], list[list[str]]]:
+    """Names a statement or expression reads (its own parameters left out), and its dotted chains `a.b.c`."""
+    parameters = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = inner.args
+            every = arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+            every += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+            parameters |= {a.arg for a in every}
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    chains = []
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Attribute):
+            chain, value = [inner.attr], inner.value
+            while isinstance(value, ast.Attribute):
+                chain.insert(0, value.attr)
+                value = value.value
+            if isinstance(value, ast.Name):
+                chains.append([value.id, *chain])
+    return names - parameters, chains
