@@ -22,8 +22,11 @@ tokens, P prompt tokens, V vocabulary size.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Literal
+
+from minigrpo.trl_compat import refuse_unknown_fields
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 LR_SCHEDULERS = ("constant", "linear")
@@ -33,6 +36,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
+@refuse_unknown_fields
 @dataclass
 class GRPOConfig:
     """Hyper-parameters of a GRPO run (TRL names, paper defaults)."""
@@ -40,10 +44,19 @@ class GRPOConfig:
     # --- the group -------------------------------------------------------------
     num_generations: int = 8
     """G, completions sampled per prompt. At least 2 (a group of one has no baseline). Typical 4-16."""
-    prompts_per_step: int = 16
-    """B, prompts per training step; N = B * G completions. (TRL: generation_batch_size / num_generations.)"""
     per_device_train_batch_size: int = 32
-    """Completions per micro-batch in the update; must divide N. Smaller saves memory, same gradient."""
+    """Completions per micro-batch (per process) in the update, as in TRL. Smaller saves memory, same gradient."""
+    gradient_accumulation_steps: int | None = None
+    """Micro-batches per optimizer step (TRL's meaning). None: one optimizer step per generation when B is
+    given as prompts_per_step, else 1 (TRL's default)."""
+    generation_batch_size: int | None = None
+    """Completions sampled per generation, B * G (TRL). None: derived as in TRL (see resolve_batch_sizes)."""
+    steps_per_generation: int | None = None
+    """Micro-batches each generation feeds (TRL); a multiple of gradient_accumulation_steps. None: derived."""
+    prompts_per_step: int | None = None
+    """B, prompts per generation: minigrpo's name for generation_batch_size / num_generations, an alias that
+    always equals it. Setting it sets generation_batch_size = B * G (and, unless gradient_accumulation_steps
+    is given, one optimizer step per generation)."""
 
     # --- sampling ----------------------------------------------------------------
     max_prompt_length: int = 256
@@ -110,20 +123,56 @@ class GRPOConfig:
     cannot cross a checkpointed layer); generation and reference log-probs are unaffected."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
-    max_steps: int = 100
-    """Training steps (one rollout batch each)."""
+    max_steps: int = -1
+    """Optimizer steps to train (TRL's meaning). -1: num_train_epochs passes over the prompts (TRL's formula)."""
+    num_train_epochs: float = 3.0
+    """Passes over the training prompts when max_steps == -1 (TRL's default 3.0)."""
     seed: int = 0
-    """Seeds data order, sampling and initialisation."""
+    """Seeds data order, sampling and initialisation (TRL's default is 42)."""
+    shuffle_dataset: bool = True
+    """Visit the prompts in a fresh seeded order each epoch (TRL's name); False: in dataset order."""
+    bf16: bool | None = None
+    """bf16 autocast (TRL's name). None: exactly where the GPU has native bf16 (compute capability >= 8.0).
+    True on a T4, V100 or CPU: a warning, and fp32 (emulated bf16 is slower than fp32 there). False: fp32."""
+    fp16: bool = False
+    """Refused when True: fp16 activations of Qwen2 overflow; minigrpo trains in fp32 where bf16 is missing."""
+    use_bias_correction_kl: bool = False
+    """Multiply the per-token KL by the importance ratio (TRL 1.16's default True): with samples from pi_old
+    the k3 term then has the reverse-KL gradient. False: the DeepSeekMath loss."""
+    use_vllm: bool = False
+    """Refused when True: minigrpo generates with `model.generate`; vLLM generation is TRL's (lesson 08)."""
+    remove_unused_columns: bool = False
+    """False, as in TRL's GRPO: every dataset column reaches the reward functions. True is refused."""
+    disable_dropout: bool = False
+    """Set every dropout probability of the policy to 0 (TRL's name). Qwen2 has none by default."""
+    top_k: int = 0
+    """Sample only among the k most likely tokens (0: off, TRL's default). Off is what the policy gradient assumes."""
+    min_p: float | None = None
+    """Min-p sampling threshold (None: off). Off is what the policy gradient assumes."""
+    repetition_penalty: float = 1.0
+    """Generation's repetition penalty (1.0: off)."""
 
     # --- evaluation, logging, checkpoints ---------------------------------------
-    eval_steps: int = 50
-    """Greedy evaluation on the held-out set every this many steps (0 = only at the end)."""
+    logging_steps: int = 1
+    """Log (metrics.jsonl, log_history) every this many optimizer steps, averaging the metrics in between
+    (TRL's default is 10; a learner wants every step)."""
+    logging_dir: str | None = None
+    """Folder for metrics.jsonl (None: output_dir)."""
+    report_to: str | list[str] | None = "none"
+    """Only "none" (or None / []): minigrpo writes metrics.jsonl and trainer.state.log_history, nothing else."""
+    eval_strategy: Literal["no", "steps"] = "steps"
+    """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
+    eval_steps: int | None = 50
+    """Evaluate every this many optimizer steps (0 = only at the end; None = logging_steps, as in TRL)."""
     eval_batch_size: int = 128
     """Prompts per greedy `generate` call during evaluation."""
     logprob_chunk_size: int = 4096
     """Rows (sequence positions) of logits turned into log-probs at once; bounds fp32 memory."""
+    save_strategy: Literal["no", "steps"] = "steps"
+    """'steps': a checkpoint every save_steps and at the end; 'no': none (TRL's names)."""
     save_steps: int = 50
-    """Write a checkpoint every this many steps (0 = only at the end)."""
+    """Write a checkpoint every this many optimizer steps (0 = only at the end). Checkpoints are written
+    between generations: one due inside a generation's optimizer steps is written at its end."""
     save_total_limit: int = 2
     """Keep at most this many step checkpoints (the oldest are deleted)."""
     output_dir: str = "runs/minigrpo"
@@ -132,6 +181,8 @@ class GRPOConfig:
     """One weight per reward function (None = all 1.0); the reward is the weighted sum."""
 
     def __post_init__(self) -> None:
+        # The batch fields as the user gave them (None = derive), so that replace() re-derives the others.
+        self._given_batch = {name: getattr(self, name) for name in BATCH_FIELDS}
         self.validate()
 
     @property
@@ -149,9 +200,9 @@ class GRPOConfig:
         return self.prompts_per_step * self.num_generations
 
     @property
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per optimisation pass: N / per_device_train_batch_size."""
-        return self.num_completions // self.per_device_train_batch_size
+    def optimizer_steps_per_generation(self) -> int:
+        """Optimizer steps per generation: num_iterations x steps_per_generation / gradient_accumulation_steps."""
+        return self.num_iterations * self.steps_per_generation // self.gradient_accumulation_steps
 
     def validate(self) -> None:
         """Fail at once, with one message that names the value and what to change."""
@@ -166,17 +217,7 @@ class GRPOConfig:
                 f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt "
                 "(the group is its own baseline). Set num_generations >= 2, typically 4-16."
             )
-        if self.prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step={self.prompts_per_step}: set it to 1 or more.")
-        n = self.num_completions
-        mb = self.per_device_train_batch_size
-        if mb < 1 or n % mb != 0:
-            divisors = [d for d in range(1, n + 1) if n % d == 0]
-            raise ValueError(
-                f"batch of {self.prompts_per_step} prompts x G={self.num_generations} = {n} completions "
-                f"is not divisible into micro-batches of per_device_train_batch_size={mb}: "
-                f"choose a divisor of {n} ({', '.join(map(str, divisors))})."
-            )
+        resolve_batch_sizes(self, world_size())
         if self.std_ddof not in (0, 1):
             raise ValueError(f"std_ddof={self.std_ddof}: use 1 (Bessel, the default) or 0 (population std).")
         positive = {
@@ -206,13 +247,41 @@ class GRPOConfig:
                 "gradient_checkpointing=True with share_prompt_prefix=True: the shared prompt's KV cache cannot "
                 "pass through checkpointed layers (transformers drops it). Set share_prompt_prefix=False."
             )
-        for name in ("max_steps", "eval_steps", "save_steps", "warmup_steps"):
-            if getattr(self, name) < 0:
+        for name in ("eval_steps", "save_steps", "warmup_steps"):
+            if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}: it must be >= 0.")
+        if self.max_steps < -1 or self.max_steps == 0:
+            raise ValueError(f"max_steps={self.max_steps}: give a number of steps >= 1, or -1 to use num_train_epochs.")
+        if self.max_steps == -1 and not self.num_train_epochs > 0:
+            raise ValueError(f"num_train_epochs={self.num_train_epochs}: it must be > 0 (or set max_steps).")
+        if self.logging_steps < 1:
+            raise ValueError(f"logging_steps={self.logging_steps}: log every 1 or more steps.")
+        _check_choice("eval_strategy", self.eval_strategy, ("no", "steps"))
+        _check_choice("save_strategy", self.save_strategy, ("no", "steps"))
+        check_trl_switches(self)
+        if self.top_k < 0 or not 0 <= (self.min_p or 0) <= 1 or not self.repetition_penalty > 0:
+            raise ValueError(
+                f"top_k={self.top_k}, min_p={self.min_p}, repetition_penalty={self.repetition_penalty}: use top_k >= 0 "
+                "(0 = off), min_p in [0, 1] or None, repetition_penalty > 0 (1.0 = off)."
+            )
 
     def replace(self, **changes) -> GRPOConfig:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again). The batch sizes the user did not give are derived
+        again from the new values (config.replace(num_generations=4) keeps B, not B*G)."""
+        return self.from_config(self, **changes)
+
+    @classmethod
+    def from_config(cls, other: GRPOConfig, **changes) -> GRPOConfig:
+        """A `cls` with `other`'s fields (those `cls` has), then `changes`: e.g. PPOConfig.from_config(grpo_config).
+        The batch sizes `other` derived are derived again; a new prompts_per_step or generation_batch_size
+        replaces the other one (and steps_per_generation)."""
+        values = {f.name: getattr(other, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(other, f.name)}
+        given = dict(getattr(other, "_given_batch", {}))
+        if {"prompts_per_step", "generation_batch_size"} & changes.keys():
+            given.update(prompts_per_step=None, generation_batch_size=None, steps_per_generation=None)
+        values.update(given)
+        values.update(changes)
+        return cls(**values)
 
     # --- named presets -----------------------------------------------------------
     @classmethod
@@ -265,6 +334,103 @@ class GRPOConfig:
             logprob_chunk_size=1024,
         )
         return cls(**{**preset, **overrides})
+
+
+# --- the batch, in TRL's terms -------------------------------------------------------------------
+BATCH_FIELDS = ("prompts_per_step", "generation_batch_size", "steps_per_generation", "gradient_accumulation_steps")
+
+
+def world_size() -> int:
+    """Processes in the run: torchrun's WORLD_SIZE, else 1. per_device_train_batch_size is per process."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_batch_sizes(config: GRPOConfig, processes: int = 1) -> None:
+    """Fill in generation_batch_size, steps_per_generation, gradient_accumulation_steps and prompts_per_step.
+
+    TRL's rule (GRPOConfig.__post_init__), with mb = per_device_train_batch_size and K processes:
+
+        generation_batch_size = mb * K * steps_per_generation      (completions per generation)
+        steps_per_generation  = gradient_accumulation_steps       when neither is given
+        prompts_per_step (B)  = generation_batch_size / G
+
+    minigrpo's prompts_per_step is the same quantity seen from the prompts: giving it sets
+    generation_batch_size = B * G and, unless gradient_accumulation_steps is given, makes each generation one
+    optimizer step over all of its N = B * G completions (DeepSeekMath's on-policy update).
+    """
+    c, G, mb = config, config.num_generations, config.per_device_train_batch_size
+    if mb < 1:
+        raise ValueError(f"per_device_train_batch_size={mb}: it must be 1 or more.")
+    for name in BATCH_FIELDS:
+        if getattr(c, name) is not None and getattr(c, name) < 1:
+            raise ValueError(f"{name}={getattr(c, name)}: it must be 1 or more (or None to derive it).")
+    if c.prompts_per_step is not None:
+        if c.generation_batch_size is not None and c.generation_batch_size != c.prompts_per_step * G:
+            raise ValueError(
+                f"prompts_per_step={c.prompts_per_step} x G={G} = {c.prompts_per_step * G} completions disagrees "
+                f"with generation_batch_size={c.generation_batch_size}: give one of the two."
+            )
+        c.generation_batch_size = c.prompts_per_step * G
+    if c.steps_per_generation is not None and c.generation_batch_size is not None:
+        if c.generation_batch_size != mb * processes * c.steps_per_generation:
+            raise ValueError(
+                f"generation_batch_size={c.generation_batch_size} and steps_per_generation={c.steps_per_generation} "
+                f"disagree (micro-batches of {mb} x {processes} process(es)): give one of the two."
+            )
+    elif c.generation_batch_size is not None:
+        if c.generation_batch_size % (mb * processes) != 0:
+            n = c.generation_batch_size // processes
+            divisors = ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+            raise ValueError(
+                f"a generation of {c.generation_batch_size // G} prompts x G={G} = {c.generation_batch_size} "
+                f"completions is not divisible into micro-batches of per_device_train_batch_size={mb} on "
+                f"{processes} process(es): choose a divisor of {n} ({divisors})."
+            )
+        c.steps_per_generation = c.generation_batch_size // (mb * processes)
+        if c.gradient_accumulation_steps is None and c.prompts_per_step is not None:
+            c.gradient_accumulation_steps = c.steps_per_generation  # one optimizer step per generation
+    else:
+        if c.steps_per_generation is None:
+            c.gradient_accumulation_steps = c.gradient_accumulation_steps or 1
+            c.steps_per_generation = c.gradient_accumulation_steps
+        c.generation_batch_size = mb * processes * c.steps_per_generation
+    c.gradient_accumulation_steps = c.gradient_accumulation_steps or 1
+    if c.generation_batch_size % G != 0:
+        raise ValueError(
+            f"generation_batch_size={c.generation_batch_size} is not a whole number of groups of "
+            f"num_generations={G}: make it a multiple of {G} (per_device_train_batch_size x processes x "
+            "steps_per_generation), or give prompts_per_step instead."
+        )
+    if c.steps_per_generation % c.gradient_accumulation_steps != 0:
+        raise ValueError(
+            f"steps_per_generation={c.steps_per_generation} is not a multiple of gradient_accumulation_steps="
+            f"{c.gradient_accumulation_steps}: each generation must feed whole optimizer steps."
+        )
+    c.prompts_per_step = c.generation_batch_size // G
+
+
+def check_trl_switches(config: GRPOConfig) -> None:
+    """TRL fields minigrpo accepts only at the value it implements: one clear error for the others."""
+    if config.use_vllm:
+        raise ValueError(
+            "use_vllm=True: minigrpo generates with model.generate. For vLLM generation use TRL's GRPOTrainer "
+            "(the same reward functions and dataset work there; lesson 08)."
+        )
+    if config.fp16:
+        raise ValueError(
+            "fp16=True: fp16 activations of Qwen2 overflow. minigrpo uses bf16 autocast where the GPU has native "
+            "bf16 and fp32 elsewhere (T4, V100, CPU): drop fp16."
+        )
+    if config.remove_unused_columns:
+        raise ValueError(
+            "remove_unused_columns=True: GRPO's reward functions receive the dataset's other columns (e.g. "
+            "`answer`), so minigrpo keeps them, as TRL's GRPO does by default. Set it to False."
+        )
+    if config.report_to not in ("none", None, []):
+        raise ValueError(
+            f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
+            "trainer.state.log_history only. Set report_to='none' (plot with minigrpo.plots.plot_training_curves)."
+        )
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -91,7 +91,7 @@ def trl_config(config: GRPOConfig, device: str, output_dir: str, gradient_checkp
         scale_rewards=config.scale_rewards,
         importance_sampling_level=config.importance_sampling_level,
         mask_truncated_completions=config.mask_truncated_completions,
-        use_bias_correction_kl=False,  # TRL 1.16 multiplies the KL by the ratio by default; the paper does not
+        use_bias_correction_kl=config.use_bias_correction_kl,  # TRL 1.16's default is True; the paper's loss False
         num_iterations=config.num_iterations,
         # the optimiser
         learning_rate=config.learning_rate,
@@ -138,6 +138,7 @@ def crosscheck(
     old_noise: float = 0.3,
     seed: int = 0,
     verbose: bool = True,
+    use_bias_correction_kl: bool = False,
 ) -> dict:
     """minigrpo's advantages and loss vs TRL's own code on one fixed rollout batch, in fp32 on the CPU.
 
@@ -159,6 +160,7 @@ def crosscheck(
         max_prompt_length=256,
         beta=beta,
         temperature=temperature,
+        use_bias_correction_kl=use_bias_correction_kl,
     )
     dataset = varied_prompts(prompts)
     with tempfile.TemporaryDirectory() as tmp:

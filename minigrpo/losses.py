@@ -156,8 +156,12 @@ def grpo_loss(
     metrics = clip_fractions(ratio, advantages, completion_mask, config.epsilon_low, config.clip_epsilon_high)
     if config.beta != 0.0:
         kl = kl_penalty(per_token_logps, ref_per_token_logps, config.kl_estimator)  # (n, T)
-        per_token_loss = per_token_loss + config.beta * kl
         metrics["kl"] = masked_mean(kl.detach(), completion_mask).item()
+        if getattr(config, "use_bias_correction_kl", False):
+            # TRL's use_bias_correction_kl: weight the KL by the importance ratio (1 in value on-policy, but its
+            # gradient rho * grad(k3) + k3 * grad(log pi) is the reverse KL's; plain k3's is the forward KL's).
+            kl = kl * ratio  # (n, T)
+        per_token_loss = per_token_loss + config.beta * kl
     loss = aggregate_loss(
         per_token_loss, completion_mask, config.loss_type, config.max_completion_length, num_items_in_batch
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import warnings
 from pathlib import Path
 
 import torch
@@ -64,14 +65,29 @@ def native_bf16(device: torch.device | str) -> bool:
         return major >= 8
 
 
-def autocast_dtype(device: torch.device) -> torch.dtype | None:
-    """bf16 on a GPU with native bf16; None (plain fp32) on a T4, a V100 and the CPU."""
+def autocast_dtype(device: torch.device, bf16: bool | None = None) -> torch.dtype | None:
+    """bf16 on a GPU with native bf16; None (plain fp32) on a T4, a V100 and the CPU.
+
+    ``bf16`` is GRPOConfig.bf16 (TRL's name): None decides by the hardware, False forces fp32, and True asks
+    for bf16, which is granted only where it is native (elsewhere fp32; the trainer warns once)."""
+    if bf16 is False:
+        return None
     return torch.bfloat16 if native_bf16(device) else None
 
 
-def precision_context(device: torch.device):
-    """The autocast context every forward pass and `generate` call runs under."""
-    dtype = autocast_dtype(device)
+def check_bf16_request(device: torch.device, bf16: bool | None) -> None:
+    """Warn when bf16=True meets hardware without native bf16: minigrpo then trains in fp32."""
+    if bf16 and not native_bf16(device):
+        warnings.warn(
+            f"bf16=True, but {device} has no native bf16 (a T4 or V100 emulates it, slower than fp32; the CPU path "
+            "is fp32): training in fp32. Set bf16=None (auto) or False to silence this.",
+            stacklevel=3,
+        )
+
+
+def precision_context(device: torch.device, bf16: bool | None = None):
+    """The autocast context every forward pass and `generate` call runs under (bf16: see autocast_dtype)."""
+    dtype = autocast_dtype(device, bf16)
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
@@ -131,7 +147,7 @@ def load_model_and_tokenizer(
     return model.to(device), tokenizer
 
 
-def make_reference_model(model: PreTrainedModel) -> PreTrainedModel:
+def make_reference_model(model: PreTrainedModel, bf16: bool | None = None) -> PreTrainedModel:
     """A frozen copy of the policy before training: pi_ref in the KL term.
 
     Stored in bf16 where the GPU has native bf16 (it is never updated, and its
@@ -141,7 +157,7 @@ def make_reference_model(model: PreTrainedModel) -> PreTrainedModel:
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
     set_gradient_checkpointing(reference, False)
-    dtype = autocast_dtype(next(model.parameters()).device)
+    dtype = autocast_dtype(next(model.parameters()).device, bf16)
     return reference.to(dtype) if dtype is not None else reference
 
 
@@ -172,6 +188,16 @@ def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers < 5.x
         enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Every dropout probability to 0 (GRPOConfig.disable_dropout, TRL's name): the log-probs of the update
+    then match the rollout's. Qwen2 has no dropout by default (attention_dropout 0.0)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    if hasattr(getattr(model, "config", None), "attention_dropout"):
+        model.config.attention_dropout = 0.0
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -45,6 +45,7 @@ from minigrpo.losses import kl_penalty
 from minigrpo.models import precision_context
 from minigrpo.rollout import Rollout
 from minigrpo.trainer import Trainer, micro_batches, resolve_model_and_tokenizer
+from minigrpo.trl_compat import refuse_unknown_fields
 
 
 # --- the math: small pure functions on (N, T) tensors -------------------------------------------------------
@@ -223,6 +224,7 @@ class ValueModel(nn.Module):
 
 
 # --- config ----------------------------------------------------------------------------------------------
+@refuse_unknown_fields
 @dataclass
 class PPOConfig(GRPOConfig):
     """GRPOConfig's fields (same names, same meaning) plus PPO's critic and GAE.
@@ -253,6 +255,12 @@ class PPOConfig(GRPOConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.steps_per_generation != self.gradient_accumulation_steps:
+            raise ValueError(
+                f"steps_per_generation={self.steps_per_generation} != gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}: PPOTrainer makes its passes over the whole rollout "
+                "(num_iterations); give prompts_per_step (B) and per_device_train_batch_size instead."
+            )
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma={self.gamma}: the discount must be in [0, 1] (1.0 for RLHF).")
         if not 0 <= self.lam <= 1:
@@ -321,7 +329,7 @@ class PPOTrainer(Trainer):
         if args is not None and not isinstance(args, PPOConfig):
             raise TypeError(
                 f"PPOTrainer needs a PPOConfig, got {type(args).__name__}: use PPOConfig(...) or "
-                "PPOConfig(**dataclasses.asdict(grpo_config))."
+                "PPOConfig.from_config(grpo_config)."
             )
         model, processing_class = resolve_model_and_tokenizer(model, processing_class)
         self.critic = critic if critic is not None else ValueModel.from_policy(model)  # before the optimizer exists
@@ -345,7 +353,7 @@ class PPOTrainer(Trainer):
         input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
         T = rollout.completion_ids.shape[1]
         old_logps = rollout.old_per_token_logps
-        with precision_context(self.device):
+        with precision_context(self.device, self.config.bf16):
             if old_logps is None:  # num_iterations == 1: the rollout skipped it, but the KL-in-reward needs it
                 old_logps = batched_per_token_logps(
                     self.model, input_ids, attention_mask, T, config.per_device_train_batch_size,
@@ -396,7 +404,7 @@ class PPOTrainer(Trainer):
 
         def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
             mask = scored["mask"][rows]
-            with precision_context(self.device):
+            with precision_context(self.device, self.config.bf16):
                 logps, entropy = per_token_logps(
                     self.model, input_ids[rows], attention_mask[rows], T, config.temperature, config.logprob_chunk_size
                 )  # (n, T), (n, T)

@@ -39,7 +39,7 @@ class Rollout:
     completion_ids       | (N, T) | right-padded completion tokens
     completion_mask      | (N, T) | 1 up to and including the first EOS
     is_truncated         | (N,)   | True when no EOS within max_completion_length
-    old_per_token_logps  | (N, T) | log pi_old, or None when num_iterations == 1
+    old_per_token_logps  | (N, T) | log pi_old, or None with one optimizer step per generation
     ref_per_token_logps  | (N, T) | log pi_ref, or None when beta == 0
     completions          | N str  | decoded completions (special tokens removed)
     """
@@ -117,23 +117,25 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -
 
 
 def generation_config_for(config, model, tokenizer, greedy: bool = False) -> GenerationConfig:
-    """Sampling exactly from pi_theta at `temperature`: no top-k, no repetition penalty.
+    """Sampling exactly from pi_theta at `temperature`: by default no top-k, no min-p, no repetition penalty.
 
     Built from scratch on purpose: Qwen2.5-Instruct's own generation_config
     samples with top_k=20, top_p=0.8 and repetition_penalty=1.05, which would
     make the completions come from a different distribution than the
-    log-probs we train on.
+    log-probs we train on. GRPOConfig's top_p / top_k / min_p /
+    repetition_penalty (TRL's names) change that, as they do in TRL.
     """
     options = dict(
         max_new_tokens=config.max_completion_length,
         eos_token_id=eos_token_ids(model, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
-        repetition_penalty=1.0,
+        repetition_penalty=getattr(config, "repetition_penalty", 1.0),
     )
     if greedy:
         options.update(do_sample=False)
     else:
-        options.update(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=0)
+        options.update(do_sample=True, temperature=config.temperature, top_p=config.top_p)
+        options.update(top_k=getattr(config, "top_k", 0), min_p=getattr(config, "min_p", None))
     if use_fast_generation(config, model):
         # One cache size for every call (the longest prompt plus the completion), so the compiled decoding
         # step is built once instead of again whenever a batch's prompts are longer than before.
@@ -168,7 +170,7 @@ def generate_completions(
     """
     was_training = model.training
     model.eval()
-    with precision_context(prompt_ids.device):
+    with precision_context(prompt_ids.device, getattr(config, "bf16", None)):
         generation_config = generation_config_for(config, model, tokenizer, greedy)
         cache = {}
         if shares_prompt_prefix(config, num_generations) and generation_config.cache_implementation is None:
@@ -264,8 +266,8 @@ def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None
         chunk_size=config.logprob_chunk_size,
         num_generations=config.num_generations if getattr(config, "share_prompt_prefix", False) else 1,
     )
-    with precision_context(device):
-        if config.num_iterations > 1:
+    with precision_context(device, getattr(config, "bf16", None)):
+        if config.optimizer_steps_per_generation > 1:  # later steps are off-policy: the ratio needs pi_old
             rollout.old_per_token_logps = batched_per_token_logps(model, input_ids, attention_mask, T, **options)
         if config.beta != 0.0:
             rollout.ref_per_token_logps = batched_per_token_logps(ref_model, input_ids, attention_mask, T, **options)

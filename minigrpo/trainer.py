@@ -12,6 +12,7 @@ micro-batches with gradient accumulation, and checkpoints (written and read by
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
+    check_bf16_request,
+    disable_dropout,
     load_model_and_tokenizer,
     make_reference_model,
     precision_context,
@@ -54,11 +57,13 @@ METRICS_FILE = "metrics.jsonl"
 class PromptSampler:
     """Walks the dataset in a fresh seeded permutation each epoch; its state is (epoch, position)."""
 
-    def __init__(self, dataset_size: int, seed: int):
-        self.dataset_size, self.seed = dataset_size, seed
+    def __init__(self, dataset_size: int, seed: int, shuffle: bool = True):
+        self.dataset_size, self.seed, self.shuffle = dataset_size, seed, shuffle
         self.epoch, self.position = 0, 0
 
     def _order(self) -> list[int]:
+        if not self.shuffle:  # GRPOConfig.shuffle_dataset=False: dataset order, every epoch
+            return list(range(self.dataset_size))
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
         return torch.randperm(self.dataset_size, generator=generator).tolist()
 
@@ -158,10 +163,13 @@ class Trainer:
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._check_inputs()
         self.device = next(self.model.parameters()).device
+        check_bf16_request(self.device, self.config.bf16)
+        if self.config.disable_dropout:
+            disable_dropout(self.model)
         if self.config.gradient_checkpointing:  # only switched on: a user's own setting is left alone otherwise
             set_gradient_checkpointing(self.model, True)
         if self.config.beta != 0.0:
-            self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model)
+            self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model, self.config.bf16)
         else:
             self.ref_model = None  # beta == 0: no KL term, no reference model in memory
         self.optimizer = torch.optim.AdamW(
@@ -175,10 +183,17 @@ class Trainer:
         self.optimizer_steps = 0
         self.optimizer.register_step_post_hook(self._count_optimizer_step)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.sampler = PromptSampler(len(train_dataset), self.config.seed)
-        self.step = 0
+        self.sampler = PromptSampler(len(train_dataset), self.config.seed, self.config.shuffle_dataset)
+        self.max_steps = resolve_max_steps(self.config, len(train_dataset), self.optimizer_steps_per_generation())
+        self.step = 0  # optimizer steps taken (TRL's global_step)
         self.history: list[dict] = []
+        self.state = TrainerState(self)
         self.output_dir = Path(self.config.output_dir)
+
+    @property
+    def metrics_path(self) -> Path:
+        """<logging_dir or output_dir>/metrics.jsonl: one JSON line per logged step."""
+        return Path(self.config.logging_dir or self.config.output_dir) / METRICS_FILE
 
     @property
     def args(self) -> GRPOConfig:
@@ -204,7 +219,7 @@ class Trainer:
         if step < config.warmup_steps:
             return (step + 1) / config.warmup_steps
         if config.lr_scheduler_type == "linear":
-            return max(0.0, (config.max_steps - step) / max(1, config.max_steps - config.warmup_steps))
+            return max(0.0, (self.max_steps - step) / max(1, self.max_steps - config.warmup_steps))
         return 1.0
 
     # --- checks that fail at once ---------------------------------------------------
@@ -247,7 +262,8 @@ class Trainer:
 
     # --- the loop -----------------------------------------------------------------
     def train(self, resume_from_checkpoint: bool | str | None = None) -> list[dict]:
-        """Run until config.max_steps; returns the metric history (one dict per step)."""
+        """Run until max_steps optimizer steps; returns the metric history (one dict per logged step, also
+        in trainer.state.log_history). TRL's train() returns a TrainOutput instead."""
         if resume_from_checkpoint:
             path = latest_checkpoint(self.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
             if path is None:
@@ -260,35 +276,52 @@ class Trainer:
             self._clear_previous_run()
         self.model.train()
         progress = tqdm(
-            total=self.config.max_steps,
+            total=self.max_steps,
             initial=self.step,
             desc=type(self).__name__.removesuffix("Trainer"),
             unit="step",
             dynamic_ncols=True,
         )
-        while self.step < self.config.max_steps:
-            metrics = self._guarded_step()
-            self.step += 1
-            if self._due(self.config.eval_steps) and self.eval_dataset is not None:
-                metrics.update(self.evaluate())
-            self._log(metrics)
-            if self._due(self.config.save_steps):
+        config, window = self.config, []
+        while self.step < self.max_steps:
+            before = self.step
+            metrics = self._guarded_step()  # one generation and its optimizer steps
+            self.step += self.optimizer_steps_per_generation()
+            window.append(metrics)
+            eval_every = config.eval_steps if config.eval_steps is not None else config.logging_steps
+            evaluated = (
+                config.eval_strategy == "steps" and self.eval_dataset is not None and self._due(before, eval_every)
+            )
+            if evaluated or self._due(before, config.logging_steps):
+                logged = average_metrics(window)
+                if evaluated:
+                    logged.update(self.evaluate())
+                self._log(logged)
+                window = []
+            if config.save_strategy == "steps" and self._due(before, config.save_steps):
                 self.save_checkpoint()
-            progress.update(1)
-            progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/accuracy") if k in metrics})
+            progress.update(self.step - before)
+            progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
         progress.close()
         return self.history
+
+    def optimizer_steps_per_generation(self) -> int:
+        """Optimizer steps each generation makes (the step counter advances by this). GRPO: num_iterations x
+        steps_per_generation / gradient_accumulation_steps; an algorithm that steps differently overrides it."""
+        return self.config.optimizer_steps_per_generation
 
     def _clear_previous_run(self) -> None:
         """A fresh run owns its output_dir: an earlier run's metrics and checkpoints would otherwise be
         resumed from (resume picks the highest step) or keep this run's newer checkpoints from rotating."""
-        (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+        self.metrics_path.unlink(missing_ok=True)
         removed = checkpoints.remove_checkpoints(self.output_dir)
         if removed:
             print(f"new run in {self.output_dir}: removed {removed} checkpoint(s) of an earlier run")
 
-    def _due(self, every: int) -> bool:
-        return self.step == self.config.max_steps or (every > 0 and self.step % every == 0)
+    def _due(self, before: int, every: int) -> bool:
+        """Did the last generation's optimizer steps (before, self.step] reach a multiple of `every`, or the end?
+        (0 = only at the end.)"""
+        return self.step >= self.max_steps or (every > 0 and self.step // every > before // every)
 
     def _guarded_step(self) -> dict:
         """One training step. If it fails before the first optimizer.step, the state as it was
@@ -346,10 +379,11 @@ class Trainer:
         return evaluate_model(self.model, self.tokenizer, self.eval_dataset, self.reward_funcs, self.config)
 
     def _log(self, metrics: dict) -> None:
-        metrics = {"step": self.step, **metrics}
+        epoch = self.sampler.epoch + self.sampler.position / self.sampler.dataset_size
+        metrics = {"step": self.step, "epoch": round(epoch, 4), **metrics}
         self.history.append(metrics)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.output_dir / METRICS_FILE, "a") as f:
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
 
     # --- the update, shared by every algorithm -------------------------------------------
@@ -377,10 +411,11 @@ class Trainer:
         over micro-batches. Then: clip the gradient norm, step, advance the
         schedule. Returns the metrics with grad_norm and learning_rate.
         """
-        accumulation = self.config.gradient_accumulation_steps
+        slices = micro_batches(num_rows, self.config.per_device_train_batch_size)
+        accumulation = len(slices)
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in micro_batches(num_rows, self.config.per_device_train_batch_size):
+        for rows in slices:
             loss, metrics = micro_batch_loss(rows)
             (loss if loss_spans_step else loss / accumulation).backward()
             for key, value in metrics.items():
@@ -431,7 +466,8 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
-        with open(self.output_dir / METRICS_FILE, "w") as f:  # drop lines logged after the checkpoint
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
             f.writelines(json.dumps(m) + "\n" for m in self.history)
         print(f"resumed from {path} at step {self.step}")
 
@@ -463,17 +499,32 @@ class GRPOTrainer(Trainer):
         ).flatten()  # (N,)
         loss_mask = self.loss_mask(rollout)  # (N, T)
         metrics = {"advantages/abs_mean": advantages.abs().mean().item()}
-        for _ in range(config.num_iterations):
-            metrics.update(self.update_policy(rollout, advantages, loss_mask))
+        # steps_per_generation / gradient_accumulation_steps optimizer steps per pass, each on its own slice of
+        # whole groups (1 unless TRL's batch fields say otherwise), num_iterations passes over the rollout.
+        chunks = micro_batches(
+            len(advantages), len(advantages) * config.gradient_accumulation_steps // config.steps_per_generation
+        )
+        passes = [
+            self.update_policy(rollout, advantages, loss_mask, rows)
+            for _ in range(config.num_iterations)
+            for rows in chunks
+        ]
+        metrics.update(average_metrics(passes))
         return metrics
 
-    def update_policy(self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict:
-        """One optimisation pass over the rollout: the GRPO loss of each micro-batch, one optimizer step."""
+    def update_policy(
+        self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor, step_rows: slice = slice(None)
+    ) -> dict:
+        """One optimizer step on the rollout's rows `step_rows` (default: all of them): the GRPO loss of each
+        micro-batch, accumulated."""
         config = self.config
-        num_items_in_batch = int(loss_mask.sum())  # dapo's normaliser: tokens in the whole step
+        first = step_rows.start or 0
+        num_rows = len(range(*step_rows.indices(len(advantages))))
+        num_items_in_batch = int(loss_mask[step_rows].sum())  # dapo's normaliser: tokens in the optimizer step
 
         def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
-            with precision_context(self.device):
+            rows = slice(first + rows.start, first + rows.stop)  # rows of the rollout
+            with precision_context(self.device, self.config.bf16):
                 logps, entropy = completion_logps(self.model, rollout, config, rows)  # (n, T), (n, T)
             loss, metrics = grpo_loss(
                 logps,
@@ -488,7 +539,7 @@ class GRPOTrainer(Trainer):
             return loss, metrics
 
         # dapo already divides by the whole step's token count; the others average the micro-batches.
-        return self.accumulate_and_step(len(advantages), micro_batch_loss, loss_spans_step=config.loss_type == "dapo")
+        return self.accumulate_and_step(num_rows, micro_batch_loss, loss_spans_step=config.loss_type == "dapo")
 
 
 # --- metrics (TRL's names) ----------------------------------------------------------
@@ -523,6 +574,50 @@ def completion_metrics(rollout: Rollout) -> dict:
 def _nanstd(values: torch.Tensor) -> float:
     values = values[~values.isnan()]
     return values.std().item() if values.numel() > 1 else 0.0
+
+
+def average_metrics(rows: list[dict]) -> dict:
+    """The mean of each metric over `rows` (a metric missing from some rows: over the rows that have it)."""
+    keys = dict.fromkeys(key for row in rows for key in row)
+    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}
+
+
+def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int) -> int:
+    """Optimizer steps to train: config.max_steps, or for max_steps == -1 TRL's count for num_train_epochs:
+
+        steps per epoch = (prompts // B) generations x optimizer_steps_per_generation
+
+    rounded up to whole generations (minigrpo never stops inside a generation's optimizer steps)."""
+    if config.max_steps > 0:
+        steps = config.max_steps
+    else:
+        generations_per_epoch = num_prompts // config.prompts_per_step
+        if generations_per_epoch == 0:
+            raise ValueError(
+                f"the training set has {num_prompts} prompts, fewer than one generation's "
+                f"prompts_per_step={config.prompts_per_step}: add prompts or lower the batch."
+            )
+        steps = math.ceil(config.num_train_epochs * generations_per_epoch * per_generation)
+    return math.ceil(steps / per_generation) * per_generation
+
+
+class TrainerState:
+    """TRL's ``trainer.state``, read-only: global_step, max_steps, log_history (one dict per logged step)."""
+
+    def __init__(self, trainer: Trainer):
+        self._trainer = trainer
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.step
+
+    @property
+    def max_steps(self) -> int:
+        return self._trainer.max_steps
+
+    @property
+    def log_history(self) -> list[dict]:
+        return self._trainer.history
 
 
 def micro_batches(num_rows: int, size: int) -> list[slice]:

@@ -77,7 +77,7 @@ def test_output_dir_that_is_not_writable(capsys, monkeypatch):
 
 
 def test_zero_steps_or_eval_problems(capsys):
-    assert "--max-steps 0" in run(capsys, "train", "--max-steps", "0")
+    assert "max_steps=0: give a number of steps >= 1" in run(capsys, "train", "--max-steps", "0")
     assert "--eval-size 0" in run(capsys, "train", "--eval-size", "0")
     assert "--eval-size 0" in run(capsys, "eval", "--eval-size", "0")
 

@@ -12,8 +12,12 @@ from minigrpo.rollout import completion_logps, generate_completions, sample_grou
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (the bench extra)")
-def test_loss_advantages_and_gradients_match_trl_for_each_loss_type():
-    diffs = crosscheck("tiny", prompts=2, generations=4, max_completion_length=24, beta=0.04, verbose=True)
+@pytest.mark.parametrize("use_bias_correction_kl", [False, True], ids=["paper_kl", "bias_corrected_kl"])
+def test_loss_advantages_and_gradients_match_trl_for_each_loss_type(use_bias_correction_kl):
+    diffs = crosscheck(
+        "tiny", prompts=2, generations=4, max_completion_length=24, beta=0.04, verbose=True,
+        use_bias_correction_kl=use_bias_correction_kl,
+    )  # fmt: skip
     assert diffs["kl"] > 1e-5  # the policy really differs from the reference: the KL term is tested
     assert diffs["advantages"] <= 1e-5
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):

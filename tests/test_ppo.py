@@ -134,8 +134,8 @@ def test_config_messages_name_the_value_and_the_fix():
 # --- PPO on the tiny Qwen ----------------------------------------------------------------------------------
 @pytest.fixture
 def ppo_config(small_config):
-    fields = {k: v for k, v in small_config.__dict__.items() if k != "kl_estimator"}  # keep PPO's k1
-    return PPOConfig(**{**fields, "critic_learning_rate": 1e-3, "max_steps": 2, "save_steps": 0})
+    ppo = PPOConfig.from_config(small_config, critic_learning_rate=1e-3, max_steps=2, save_steps=0)
+    return ppo.replace(kl_estimator=PPOConfig.kl_estimator)  # keep PPO's k1
 
 
 def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_dataset, eval_dataset, ppo_config):
