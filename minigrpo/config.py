@@ -22,6 +22,7 @@ tokens, P prompt tokens, V vocabulary size.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -31,6 +32,24 @@ SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+# Fields a resumed run may change: how long it runs, what it logs and saves, how much memory a step takes (the
+# same numbers up to float rounding). Every other field defines the training, and a resume that changes one
+# stops with an error unless allow_config_change=True (checkpoints.changed_run_fields).
+RESUME_FREE_FIELDS = (
+    "max_steps",
+    "eval_steps",
+    "eval_batch_size",
+    "save_steps",
+    "save_total_limit",
+    "output_dir",
+    "overwrite_output_dir",
+    "per_device_train_batch_size",
+    "logprob_chunk_size",
+    "gradient_checkpointing",
+    "share_prompt_prefix",
+    "fast_generation",
+    "reward_timeout",
+)
 
 
 @dataclass
@@ -125,11 +144,16 @@ class GRPOConfig:
     save_steps: int = 50
     """Write a checkpoint every this many steps (0 = only at the end)."""
     save_total_limit: int = 2
-    """Keep at most this many step checkpoints (the oldest are deleted)."""
+    """Keep at most this many step checkpoints (the oldest are deleted); at least 1."""
     output_dir: str = "runs/minigrpo"
     """Where metrics.jsonl, checkpoints and the final model go."""
+    overwrite_output_dir: bool = False
+    """A fresh run (not a resume) in an output_dir that holds an earlier run's checkpoints or metrics: False
+    refuses with an error, True deletes them first (transformers' TrainingArguments name)."""
     reward_weights: list[float] | None = field(default=None)
     """One weight per reward function (None = all 1.0); the reward is the weighted sum."""
+    reward_timeout: float | None = None
+    """Seconds each reward function may take for one step's N completions (None = no limit); see rewards.py."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -155,6 +179,7 @@ class GRPOConfig:
 
     def validate(self) -> None:
         """Fail at once, with one message that names the value and what to change."""
+        _check_finite(self)
         _check_choice("loss_type", self.loss_type, LOSS_TYPES)
         _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         _check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
@@ -209,6 +234,21 @@ class GRPOConfig:
         for name in ("max_steps", "eval_steps", "save_steps", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}: it must be >= 0.")
+        if self.save_total_limit < 1:
+            raise ValueError(
+                f"save_total_limit={self.save_total_limit}: keep at least 1 checkpoint (0 would delete each one "
+                "as it is written); to save less often, raise save_steps."
+            )
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: it must be >= 0 (0 turns it off).")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: an Adam beta must be in [0, 1) (typical 0.9-0.999).")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ValueError(
+                f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."
+            )
 
     def replace(self, **changes) -> GRPOConfig:
         """A copy with some fields changed (validated again)."""
@@ -265,6 +305,16 @@ class GRPOConfig:
             logprob_chunk_size=1024,
         )
         return cls(**{**preset, **overrides})
+
+
+def _check_finite(config: GRPOConfig) -> None:
+    """Every float field (and reward weight) must be a finite number: NaN passes every `<` check silently, and an
+    inf learning rate or beta turns the weights into NaN at the first update."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"{f.name}={value}: it must be a finite number (not NaN or inf).")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
