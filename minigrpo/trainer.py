@@ -558,6 +558,7 @@ class Trainer:
             group["lr"] = new["lr"] * self._lr_factor(self.scheduler.last_epoch)
             group["betas"] = (self.config.adam_beta1, self.config.adam_beta2)
             group["weight_decay"] = self.config.weight_decay
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reports
 
     def save_model(self, path: str | Path | None = None) -> Path:
         """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path)."""
