@@ -410,6 +410,25 @@ def earlier_run(output_dir: str | Path) -> list[str]:
     return found + ([METRICS_FILE] if (Path(output_dir) / METRICS_FILE).exists() else [])
 
 
+def claim_output_dir(output_dir: str | Path, replace: bool) -> None:
+    """Make output_dir ready for a fresh run. An earlier run's checkpoints and metrics would be resumed from
+    (resume picks the highest step) or would rotate this run's newer checkpoints away, so they must go; they
+    are never deleted silently: `replace` deletes them (and says so), otherwise FileExistsError names the options.
+    """
+    earlier = earlier_run(output_dir)
+    if earlier and not replace:
+        shown = ", ".join(earlier if len(earlier) <= 4 else [*earlier[:3], "..."])
+        raise FileExistsError(
+            f"{output_dir} holds an earlier run ({shown}): resume it (train(resume_from_checkpoint=True), "
+            "--resume), give this run another output_dir, or replace it with overwrite_output_dir=True "
+            "(--overwrite-output-dir)."
+        )
+    if earlier:
+        (Path(output_dir) / METRICS_FILE).unlink(missing_ok=True)
+        removed = remove_checkpoints(output_dir)
+        print(f"new run in {output_dir}: removed the metrics and {removed} checkpoint(s) of an earlier run")
+
+
 @contextlib.contextmanager
 def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
     """Hold an exclusive lock on output_dir (its .minigrpo.lock, which records the holder's PID) while the

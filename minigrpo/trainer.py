@@ -275,38 +275,28 @@ class Trainer:
             return self._train_loop()
 
     def _begin(self, resume_from_checkpoint: bool | str | None, allow_config_change: bool) -> None:
-        """Resume, or start a fresh seeded run in an output_dir that holds no other run."""
+        """Resume (from a path, or the newest checkpoint in output_dir that reads completely), or start fresh."""
+        if not resume_from_checkpoint:
+            self._start_fresh(replace=self.config.overwrite_output_dir)
+            return
         modules = self.trainable_modules()
-        if resume_from_checkpoint is True:
-            found = checkpoints.find_resumable(self.output_dir, modules)
-            if found is None:
-                print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
-                return self._start_fresh(replace=True)
-            path, state, problems = found
-            for problem in problems:
-                warnings.warn(f"{self.output_dir}: {problem}", stacklevel=3)
-            return self._restore(path, state, allow_config_change)
-        if resume_from_checkpoint:
-            return self._restore(
-                Path(resume_from_checkpoint), checkpoints.read_checkpoint(resume_from_checkpoint, modules),
-                allow_config_change,
-            )  # fmt: skip
-        self._start_fresh(replace=self.config.overwrite_output_dir)
+        if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
+            path = Path(resume_from_checkpoint)
+            self._restore(path, checkpoints.read_checkpoint(path, modules), allow_config_change)
+            return
+        found = checkpoints.find_resumable(self.output_dir, modules)
+        if found is None:
+            print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
+            self._start_fresh(replace=True)  # metrics without a checkpoint cannot be continued
+            return
+        path, state, problems = found
+        for problem in problems:
+            warnings.warn(f"{self.output_dir}: {problem}", stacklevel=3)
+        self._restore(path, state, allow_config_change)
 
     def _start_fresh(self, replace: bool) -> None:
-        """Seed, after making output_dir this run's: an earlier run's checkpoints and metrics are never deleted
-        silently (resume would pick them, rotation would delete this run's newer ones): they are replaced when
-        `replace`, refused otherwise."""
-        earlier = checkpoints.earlier_run(self.output_dir)
-        if earlier and not replace:
-            shown = ", ".join(earlier if len(earlier) <= 4 else [*earlier[:3], "..."])
-            raise FileExistsError(
-                f"{self.output_dir} holds an earlier run ({shown}): resume it (train(resume_from_checkpoint=True), "
-                "--resume), give this run another output_dir, or replace it with overwrite_output_dir=True "
-                "(--overwrite-output-dir)."
-            )
-        if earlier:
-            self._clear_previous_run()
+        """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
+        checkpoints.claim_output_dir(self.output_dir, replace)
         random.seed(self.config.seed)
         torch.manual_seed(self.config.seed)
 
@@ -327,13 +317,6 @@ class Trainer:
             progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward", "eval/accuracy") if k in metrics})
         progress.close()
         return self.history
-
-    def _clear_previous_run(self) -> None:
-        """A fresh run owns its output_dir: an earlier run's metrics and checkpoints would otherwise be
-        resumed from (resume picks the highest step) or keep this run's newer checkpoints from rotating."""
-        (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
-        removed = checkpoints.remove_checkpoints(self.output_dir)
-        print(f"new run in {self.output_dir}: removed the metrics and {removed} checkpoint(s) of an earlier run")
 
     def _due(self, every: int) -> bool:
         return self.step == self.config.max_steps or (every > 0 and self.step % every == 0)

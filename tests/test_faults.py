@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import minigrpo.models
 import minigrpo.trainer
 from minigrpo import GRPOTrainer
 from minigrpo.__main__ import main
@@ -92,6 +93,26 @@ def test_a_nan_metric_is_written_as_null_and_metrics_stay_json(tiny, train_datas
     assert [row["step"] for row in rows] == [1, 2] and rows[0]["rewards/never_applies/mean"] is None
     state = json.loads((Path(small_config.output_dir) / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["history"][1]["rewards/never_applies/mean"] is None
+
+
+@pytest.mark.parametrize(
+    "flag, value, words",
+    [
+        ("--learning-rate", "inf", "learning_rate=inf: it must be a finite number"),
+        ("--beta", "nan", "beta=nan: it must be a finite number"),
+        ("--epsilon", "nan", "epsilon=nan: it must be a finite number"),
+        ("--save-total-limit", "0", "save_total_limit=0: keep at least 1 checkpoint"),
+        ("--reward-timeout", "0", "reward_timeout=0.0: give a positive number of seconds"),
+    ],
+)
+def test_non_finite_or_out_of_range_flags_are_one_line_before_any_model_loads(capsys, monkeypatch, flag, value, words):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the command loaded a model before checking its flags")
+
+    monkeypatch.setattr(minigrpo.models, "load_model_and_tokenizer", forbidden)
+    assert main(["train", "--model", "tiny", flag, value]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and words in err[0], err
 
 
 # --- resume: nothing to resume, broken, hostile, another run's --------------------------------------
