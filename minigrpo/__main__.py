@@ -23,6 +23,7 @@ import types
 import typing
 from pathlib import Path
 
+from minigrpo.checkpoints import CheckpointError
 from minigrpo.config import GRPOConfig
 from minigrpo.rewards import RewardFunctionError
 
@@ -131,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a model with GRPO on arithmetic")
     train.add_argument("--model", default=None, help="'tiny' (default on CPU), a Hub id or a local path")
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
+    train.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        help="with --resume: continue even though training-defining flags differ from the checkpoint's run",
+    )
     train.add_argument("--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems for accuracy")
     _config_flags(train)
 
@@ -184,7 +190,7 @@ def run_train(args: argparse.Namespace) -> None:
         model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
     )
     started = time.perf_counter()
-    history = trainer.train(resume_from_checkpoint=args.resume)
+    history = trainer.train(resume_from_checkpoint=args.resume, allow_config_change=args.allow_config_change)
     final = trainer.save_model()
     after = next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), None)
     if after is None:  # nothing evaluated in this run (e.g. resumed at max_steps): evaluate now
@@ -232,11 +238,16 @@ def main(argv: list[str] | None = None) -> int:
             run_pretrain(args)
         elif args.command == "grade":
             return run_grade(args)
-    except (ValueError, OSError, RewardFunctionError) as error:
+    except (ValueError, OSError, RewardFunctionError, CheckpointError) as error:
         if args.debug:
             raise
         print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)
         return EXIT_USAGE
+    except FloatingPointError as error:  # trainer.NonFiniteError: the run diverged, which is not a usage mistake
+        if args.debug:
+            raise
+        print(f"error: {_first_line(error)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,38 +1,72 @@
-"""Checkpoints: atomic save, load, rotation and RNG state, so that a resumed run continues exactly.
+"""Checkpoints: atomic save, safe load, fallback, rotation and RNG state, so that a resumed run continues exactly.
 
 A checkpoint is a folder ``output_dir/checkpoint-{step}/``:
 
-| file                         | holds                                                           |
-| ---------------------------- | --------------------------------------------------------------- |
-| model.safetensors + config   | the policy (``save_pretrained``), loadable on its own            |
-| tokenizer files              | the tokenizer, so the folder is a complete model                 |
-| <name>/model.safetensors     | every other trained module (PPO's critic in ``critic/``)         |
-| trainer_state.pt             | step, optimizer (AdamW moments), scheduler, prompt sampler, RNG  |
-| trainer_state.json           | the metric history, readable without torch                       |
+| file                         | holds                                                                   |
+| ---------------------------- | ----------------------------------------------------------------------- |
+| model.safetensors + config   | the policy (``save_pretrained``), loadable on its own                    |
+| tokenizer files              | the tokenizer, so the folder is a complete model                         |
+| <name>/model.safetensors     | every other trained module (PPO's critic in ``critic/``)                 |
+| trainer_state.pt             | tensors and plain numbers only: optimizer (AdamW moments), scheduler,    |
+|                              | torch's and CUDA's RNG states; read with ``torch.load(weights_only=True)`` |
+| trainer_state.json           | step, metric history, prompt sampler, Python's RNG state (a list of ints) |
+| training_args.json           | the run's config, model and reward functions: a resume compares them     |
 
 "Exactly" means bit for bit: the same weights after steps 1..4 whether or not
 the run stopped after step 2. That needs more than the weights: AdamW's two
 moments, the learning-rate schedule's position, where the prompt sampler is in
 its epoch, and every random generator (sampling draws from them).
 
-Written atomically: everything goes to a hidden temporary folder that is renamed
-at the end, so a run killed mid-save (a Colab disconnect) never leaves a
-half-written ``checkpoint-N`` that resume would pick.
+Safe to share: nothing in a checkpoint is unpickled into arbitrary objects.
+``torch.load(weights_only=False)`` would run any code a crafted file names, so
+checkpoints are shared between learners only because every file is tensors
+(safetensors, ``weights_only=True``) or JSON.
+
+Robust to faults: everything is written to a hidden temporary folder that is
+renamed at the end, so a run killed mid-save (a Colab disconnect) never leaves
+a half-written ``checkpoint-N``; a failed write (a full disk) removes the
+temporary folder; a resume reads every file of the newest checkpoint before
+changing anything and falls back to an older one when a file is truncated or
+garbage (``find_resumable``); folders not named ``checkpoint-<int>`` are not
+checkpoints. The output folder is locked while a trainer uses it
+(``output_dir_lock``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
 import os
 import random
+import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_model
 
+from minigrpo.config import RESUME_FREE_FIELDS, GRPOConfig
+from minigrpo.models import TINY_MODEL_DIR
+
+try:  # POSIX; elsewhere (Windows) the output folder is simply not locked
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+FORMAT = 2  # trainer_state.json's "format"; 1 (no number) pickled Python objects into trainer_state.pt
 STATE_FILE = "trainer_state.pt"
 HISTORY_FILE = "trainer_state.json"
+ARGS_FILE = "training_args.json"
+METRICS_FILE = "metrics.jsonl"
+LOCK_FILE = ".minigrpo.lock"
+_CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or output folder that cannot be used as asked (broken, unsafe, another run's, in use)."""
 
 
 # --- random generators ----------------------------------------------------------------
@@ -52,6 +86,76 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _python_rng_from_json(value: list) -> tuple:
+    """random.getstate() is (version, tuple of 625 ints, gauss_next); JSON stores it as nested lists."""
+    version, internal, gauss_next = value
+    return int(version), tuple(int(x) for x in internal), gauss_next
+
+
+# --- JSON that stays JSON -------------------------------------------------------------------
+def json_safe(value):
+    """`value` with every NaN or inf float replaced by None (JSON has no NaN: json.dumps would write a bare NaN
+    that other readers reject), recursively through dicts and lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def dumps(value, **kwargs) -> str:
+    """json.dumps of json_safe(value); allow_nan=False makes any non-finite number that slipped through an error."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def _history_from_json(rows: list[dict]) -> list[dict]:
+    """Metric rows as logged: a null (a NaN metric, e.g. the mean of a reward that never applied) is NaN again."""
+    return [{key: math.nan if value is None else value for key, value in row.items()} for row in rows]
+
+
+# --- what defines a run ----------------------------------------------------------------------
+def model_id(model: torch.nn.Module) -> str:
+    """The model a run started from, as recorded in training_args.json: "tiny", a Hub id or a folder."""
+    name = str(getattr(model, "name_or_path", "") or "")
+    if name and Path(name).resolve() == TINY_MODEL_DIR.resolve():
+        return "tiny"  # the bundled model, wherever the package is installed
+    return name
+
+
+def run_args(config: GRPOConfig, model: torch.nn.Module, reward_func_names: list[str]) -> dict:
+    """What training_args.json records: the config (every field), its class, the model and the reward functions."""
+    return {
+        "config_class": type(config).__name__,
+        "config": dataclasses.asdict(config),
+        "model": model_id(model),
+        "reward_funcs": list(reward_func_names),
+    }
+
+
+def changed_run_fields(saved: dict, current: dict) -> list[str]:
+    """The training-defining differences between two run_args(), as "name: saved -> current" lines.
+
+    Fields in config.RESUME_FREE_FIELDS (run length, logging, memory knobs) may change on a resume; max_steps
+    defines the run when the learning rate decays linearly to 0 at max_steps. Fields only one side knows (a
+    newer or older minigrpo) are not compared.
+    """
+    changes = [
+        f"{key}: {saved[key]!r} -> {current[key]!r}"
+        for key in ("config_class", "model", "reward_funcs")
+        if key in saved and saved[key] != current[key]
+    ]
+    old, new = saved.get("config", {}), current["config"]
+    free = set(RESUME_FREE_FIELDS)
+    if "linear" in (old.get("lr_scheduler_type"), new.get("lr_scheduler_type")):
+        free.discard("max_steps")
+    for name in sorted(old.keys() & new.keys() - free):
+        if json_safe(old[name]) != json_safe(new[name]):
+            changes.append(f"{name}: {old[name]!r} -> {new[name]!r}")
+    return changes
+
+
 # --- one module's weights ---------------------------------------------------------------
 def save_module(module: torch.nn.Module, folder: Path) -> None:
     """A transformers model through save_pretrained (config included); any other module as model.safetensors."""
@@ -62,52 +166,87 @@ def save_module(module: torch.nn.Module, folder: Path) -> None:
     save_model(module, str(folder / "model.safetensors"))
 
 
-def load_module(module: torch.nn.Module, folder: Path) -> None:
-    """Load every *.safetensors file of `folder` into `module`; only tied weights may be absent.
+def read_module_state(module: torch.nn.Module, folder: Path) -> dict[str, torch.Tensor]:
+    """Every *.safetensors file of `folder`, checked against `module` (names and shapes) but not loaded into it.
 
     save_pretrained drops lm_head.weight when it is tied to the embeddings
     (Qwen2.5-0.5B ties them), so that one key may be missing; anything else
-    missing or unexpected means the checkpoint belongs to another model.
+    missing, unexpected or of another shape means the checkpoint belongs to
+    another model. Raises CheckpointError for a missing, truncated or garbage file.
     """
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder} has no *.safetensors file")
     state = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(file, device=str(next(module.parameters()).device)))
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    tied = {name for name in missing if name.endswith("lm_head.weight")}
-    if unexpected or set(missing) - tied:
+    for file in files:
+        try:
+            state.update(load_file(file, device=str(next(module.parameters()).device)))
+        except Exception as error:  # safetensors raises its own error types for a short or garbled file
+            raise CheckpointError(f"{file} is truncated or corrupt ({_one_line(error)})") from error
+    expected = module.state_dict()
+    missing = {name for name in expected.keys() - state.keys() if not name.endswith("lm_head.weight")}
+    unexpected = state.keys() - expected.keys()
+    reshaped = [name for name in state.keys() & expected.keys() if state[name].shape != expected[name].shape]
+    if missing or unexpected or reshaped:
         raise RuntimeError(
-            f"checkpoint in {folder} does not match the model: missing {missing}, unexpected {unexpected}"
+            f"checkpoint in {folder} does not match the model: missing {sorted(missing)}, unexpected "
+            f"{sorted(unexpected)}, other shapes {sorted(reshaped)}"
         )
+    return state
+
+
+def load_module(module: torch.nn.Module, folder: Path) -> None:
+    """Load the weights in `folder` into `module` (see read_module_state for what is checked)."""
+    module.load_state_dict(read_module_state(module, folder), strict=False)
+
+
+def _check_finite_weights(modules: dict[str, torch.nn.Module]) -> None:
+    """A checkpoint never holds NaN or inf weights: resuming from one would only repeat the failure."""
+    for name, module in modules.items():
+        for param_name, param in module.named_parameters():
+            if not torch.isfinite(param).all():
+                raise CheckpointError(
+                    f"{name}.{param_name} holds NaN or inf: the weights have diverged and are not saved. Resume "
+                    "from an earlier checkpoint with a lower learning_rate."
+                )
 
 
 # --- finding and rotating checkpoints ------------------------------------------------------
 def checkpoint_step(path: Path) -> int:
     """checkpoint-12 -> 12."""
-    return int(path.name.rsplit("-", 1)[1])
+    return int(_CHECKPOINT_NAME.fullmatch(path.name).group(1))
+
+
+def checkpoint_folders(output_dir: str | Path) -> list[Path]:
+    """The folders named checkpoint-<int> in output_dir, oldest step first (checkpoint-backup is not one)."""
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and _CHECKPOINT_NAME.fullmatch(p.name)]
+    return sorted(folders, key=checkpoint_step)
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The complete checkpoint (one with its trainer_state.pt) of the highest step in output_dir, or None."""
-    checkpoints = [p for p in Path(output_dir).glob("checkpoint-*") if (p / STATE_FILE).exists()]
-    return max(checkpoints, key=checkpoint_step) if checkpoints else None
+    """The checkpoint of the highest step that has its trainer_state.pt, or None. (It may still be broken:
+    find_resumable reads the files.)"""
+    complete = [p for p in checkpoint_folders(output_dir) if (p / STATE_FILE).exists()]
+    return complete[-1] if complete else None
 
 
 def rotate_checkpoints(output_dir: str | Path, keep: int) -> None:
-    """Delete all but the `keep` newest checkpoint folders (save_total_limit)."""
-    checkpoints = sorted(Path(output_dir).glob("checkpoint-*"), key=checkpoint_step)
-    for old in checkpoints[: max(0, len(checkpoints) - keep)]:
+    """Delete all but the `keep` newest checkpoint folders (save_total_limit, at least 1)."""
+    if keep < 1:
+        raise ValueError(f"keep={keep}: keep at least the checkpoint just written.")
+    for old in checkpoint_folders(output_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
 def remove_checkpoints(output_dir: str | Path) -> int:
     """Delete every checkpoint folder in output_dir; returns how many there were."""
-    stale = sorted(Path(output_dir).glob("checkpoint-*"), key=checkpoint_step)
+    stale = checkpoint_folders(output_dir)
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return len(stale)
 
 
-# --- save and load -------------------------------------------------------------------------
+# --- save -------------------------------------------------------------------------------------
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -118,32 +257,112 @@ def save_checkpoint(
     sampler_state: dict,
     rng: dict,
     history: list[dict],
+    args: dict | None = None,
 ) -> Path:
     """Write output_dir/checkpoint-{step} atomically (a temporary folder renamed at the end); returns its path.
 
     `modules` maps a name to a trained module: "model" (the policy) goes to the
-    folder itself, any other name to a subfolder of that name.
+    folder itself, any other name to a subfolder of that name. `args`: run_args()
+    (training_args.json). Non-finite weights are refused (CheckpointError); a
+    failed write (a full disk) removes the temporary folder and raises an
+    OSError that says which checkpoint and why, in one line.
     """
+    _check_finite_weights(modules)
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
     tmp = output_dir / f".checkpoint-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, module in modules.items():
-        save_module(module, tmp if name == "model" else tmp / name)
-    tokenizer.save_pretrained(tmp)
-    state = {
-        "step": step,
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "sampler": sampler_state,
-        "rng": rng,
-    }
-    torch.save(state, tmp / STATE_FILE)
-    (tmp / HISTORY_FILE).write_text(json.dumps({"step": step, "history": history}, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, module in modules.items():
+            save_module(module, tmp if name == "model" else tmp / name)
+        tokenizer.save_pretrained(tmp)
+        tensors = {
+            "optimizer": optimizer.state_dict(),
+            # The schedule itself is code (a function of the step), not state: LambdaLR would store a callable's
+            # __dict__ here and write it back into the function on load, so nothing is stored.
+            "scheduler": {**scheduler.state_dict(), "lr_lambdas": None},
+            "rng_torch": rng["torch"],
+            "rng_cuda": list(rng.get("cuda", [])),
+        }
+        torch.save(tensors, tmp / STATE_FILE)
+        plain = {"format": FORMAT, "step": step, "sampler": sampler_state, "rng_python": rng["python"]}
+        (tmp / HISTORY_FILE).write_text(dumps({**plain, "history": history}, indent=1))
+        (tmp / ARGS_FILE).write_text(dumps(args or {}, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(
+            error.errno,
+            f"could not write checkpoint-{step} in {output_dir}: {error.strerror or _one_line(error)}; the "
+            "temporary folder was removed and earlier checkpoints are kept. Free some space or choose another "
+            "output_dir, then resume",
+        ) from error
     return final
+
+
+# --- read, check, then load -------------------------------------------------------------------
+def read_checkpoint(path: str | Path, modules: dict[str, torch.nn.Module]) -> dict:
+    """Every file of a checkpoint-N folder, read and checked, without changing anything.
+
+    Returns {"step", "weights" ({module name: state dict}), "optimizer", "scheduler", "sampler", "rng" (for
+    set_rng_state), "history", "args" (run_args() of the run that wrote it)}. Raises CheckpointError naming
+    the file and what is wrong: missing, truncated, garbage, written by an older minigrpo, or holding objects
+    that would need unpickling (a crafted file: it is refused, never executed).
+    """
+    path = Path(path)
+    if not (path / STATE_FILE).exists():
+        raise CheckpointError(f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder.")
+    plain, args = _read_json(path / HISTORY_FILE), _read_json(path / ARGS_FILE, missing_ok=True)
+    if not isinstance(plain, dict) or plain.get("format") != FORMAT or args is None:
+        raise CheckpointError(
+            f"{path} was written by an older minigrpo (checkpoint format 1, no {ARGS_FILE}) and cannot be resumed "
+            f"by this one. Start a new run from its weights instead: GRPOTrainer(model='{path}', ...) with "
+            "another output_dir (the optimizer starts afresh)."
+        )
+    try:
+        tensors = torch.load(path / STATE_FILE, weights_only=True, map_location="cpu")
+    except Exception as error:  # UnpicklingError for a crafted file, RuntimeError for a truncated zip
+        raise CheckpointError(
+            f"{path / STATE_FILE} cannot be read safely ({_one_line(error)}): it is truncated, corrupt, or holds "
+            "objects other than tensors and numbers (a crafted file is refused, never run)"
+        ) from error
+    try:
+        rng = {"python": _python_rng_from_json(plain["rng_python"]), "torch": tensors["rng_torch"]}
+        if tensors["rng_cuda"]:
+            rng["cuda"] = tensors["rng_cuda"]
+        state = {"step": int(plain["step"]), "sampler": dict(plain["sampler"]), "rng": rng}
+        state.update(optimizer=tensors["optimizer"], scheduler=tensors["scheduler"], args=args)
+        state["history"] = _history_from_json(plain["history"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{path} lacks or garbles an entry of its state ({_one_line(error)})") from error
+    state["weights"] = {
+        name: read_module_state(module, path if name == "model" else path / name) for name, module in modules.items()
+    }
+    return state
+
+
+def _read_json(file: Path, missing_ok: bool = False):
+    if missing_ok and not file.exists():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{file} is missing, truncated or not JSON ({_one_line(error)})") from error
+
+
+def apply_checkpoint(
+    state: dict,
+    modules: dict[str, torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """Load what read_checkpoint returned into the modules, optimizer and scheduler, in place."""
+    optimizer.load_state_dict(state["optimizer"])  # torch checks the groups' sizes before changing anything
+    scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
+    for name, module in modules.items():
+        module.load_state_dict(state["weights"][name], strict=False)
 
 
 def load_checkpoint(
@@ -155,15 +374,96 @@ def load_checkpoint(
     """Restore the modules, optimizer and scheduler in place from a checkpoint-N folder.
 
     Returns what the caller owns: {"step", "sampler" (state dict), "rng"
-    (for set_rng_state), "history" (list of metric dicts)}.
+    (for set_rng_state), "history" (list of metric dicts), "args"}. Every file is
+    read and checked first (read_checkpoint), so a broken checkpoint changes nothing.
     """
-    path = Path(path)
-    if not (path / STATE_FILE).exists():
-        raise FileNotFoundError(f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder.")
-    for name, module in modules.items():
-        load_module(module, path if name == "model" else path / name)
-    state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    history = json.loads((path / HISTORY_FILE).read_text())["history"]
-    return {"step": state["step"], "sampler": state["sampler"], "rng": state["rng"], "history": history}
+    state = read_checkpoint(path, modules)
+    apply_checkpoint(state, modules, optimizer, scheduler)
+    return {key: state[key] for key in ("step", "sampler", "rng", "history", "args")}
+
+
+def find_resumable(output_dir: str | Path, modules: dict[str, torch.nn.Module]) -> tuple[Path, dict, list[str]] | None:
+    """The newest checkpoint in output_dir that reads completely: (path, read_checkpoint's state, warnings).
+
+    Each newer checkpoint that is broken gives one warning that names it and why. None when output_dir holds
+    no checkpoint-<int> folder; CheckpointError listing each one when none of them reads.
+    """
+    candidates = checkpoint_folders(output_dir)
+    if not candidates:
+        return None
+    problems = []
+    for path in reversed(candidates):
+        try:
+            return path, read_checkpoint(path, modules), problems
+        except CheckpointError as error:
+            problems.append(f"skipped {path.name}: {error}")
+    raise CheckpointError(
+        f"no checkpoint in {output_dir} can be resumed ({'; '.join(problems)}). Start a fresh run in another "
+        "output_dir, or with overwrite_output_dir=True to replace them."
+    )
+
+
+# --- the output folder: one run at a time -----------------------------------------------------
+def earlier_run(output_dir: str | Path) -> list[str]:
+    """What an earlier run left in output_dir (its checkpoint folders, its metrics.jsonl); [] when nothing."""
+    found = [p.name for p in checkpoint_folders(output_dir)]
+    return found + ([METRICS_FILE] if (Path(output_dir) / METRICS_FILE).exists() else [])
+
+
+def claim_output_dir(output_dir: str | Path, replace: bool) -> None:
+    """Make output_dir ready for a fresh run. An earlier run's checkpoints and metrics would be resumed from
+    (resume picks the highest step) or would rotate this run's newer checkpoints away, so they must go; they
+    are never deleted silently: `replace` deletes them (and says so), otherwise FileExistsError names the options.
+    """
+    earlier = earlier_run(output_dir)
+    if earlier and not replace:
+        shown = ", ".join(earlier if len(earlier) <= 4 else [*earlier[:3], "..."])
+        raise FileExistsError(
+            f"{output_dir} holds an earlier run ({shown}): resume it (train(resume_from_checkpoint=True), "
+            "--resume), give this run another output_dir, or replace it with overwrite_output_dir=True "
+            "(--overwrite-output-dir)."
+        )
+    if earlier:
+        (Path(output_dir) / METRICS_FILE).unlink(missing_ok=True)
+        removed = remove_checkpoints(output_dir)
+        print(f"new run in {output_dir}: removed the metrics and {removed} checkpoint(s) of an earlier run")
+
+
+@contextlib.contextmanager
+def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on output_dir (its .minigrpo.lock, which records the holder's PID) while the
+    block runs; a second trainer, in this process or another, gets a CheckpointError instead of interleaving
+    metrics and overwriting checkpoints.
+
+    fcntl.flock belongs to the open file, so the kernel releases it when the process dies: a lock left by a
+    killed run (kill -9, a Colab disconnect) is simply taken over. Where a file system has no flock (some
+    network or FUSE mounts) or on Windows, the folder is used unlocked.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(output_dir / LOCK_FILE, "a+")
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                raise CheckpointError(
+                    f"{output_dir} is in use by another trainer (process {holder}): wait for it to finish, or "
+                    "give this run another output_dir."
+                ) from None
+            except OSError:
+                pass  # no flock on this file system: run unlocked rather than not at all
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the flock
+
+
+def _one_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__

@@ -22,6 +22,7 @@ tokens, P prompt tokens, V vocabulary size.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -34,6 +35,33 @@ SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+# Fields a resumed run may change: how long it runs, what it logs and saves, how much memory a step takes (the
+# same numbers up to float rounding). Every other field defines the training, and a resume that changes one
+# stops with an error unless allow_config_change=True (checkpoints.changed_run_fields).
+RESUME_FREE_FIELDS = (
+    "max_steps",
+    "num_train_epochs",
+    "logging_steps",
+    "logging_dir",
+    "report_to",
+    "eval_strategy",
+    "save_strategy",
+    "gradient_accumulation_steps",  # with steps_per_generation: how a generation is split, not its size (B)
+    "steps_per_generation",
+    "bf16",
+    "eval_steps",
+    "eval_batch_size",
+    "save_steps",
+    "save_total_limit",
+    "output_dir",
+    "overwrite_output_dir",
+    "per_device_train_batch_size",
+    "logprob_chunk_size",
+    "gradient_checkpointing",
+    "share_prompt_prefix",
+    "fast_generation",
+    "reward_timeout",
+)
 
 
 @refuse_unknown_fields
@@ -174,11 +202,16 @@ class GRPOConfig:
     """Write a checkpoint every this many optimizer steps (0 = only at the end). Checkpoints are written
     between generations: one due inside a generation's optimizer steps is written at its end."""
     save_total_limit: int = 2
-    """Keep at most this many step checkpoints (the oldest are deleted)."""
+    """Keep at most this many step checkpoints (the oldest are deleted); at least 1."""
     output_dir: str = "runs/minigrpo"
     """Where metrics.jsonl, checkpoints and the final model go."""
+    overwrite_output_dir: bool = False
+    """A fresh run (not a resume) in an output_dir that holds an earlier run's checkpoints or metrics: False
+    refuses with an error, True deletes them first (transformers' TrainingArguments name)."""
     reward_weights: list[float] | None = field(default=None)
     """One weight per reward function (None = all 1.0); the reward is the weighted sum."""
+    reward_timeout: float | None = None
+    """Seconds each reward function may take for one step's N completions (None = no limit); see rewards.py."""
 
     def __post_init__(self) -> None:
         # The batch fields as the user gave them (None = derive), so that replace() re-derives the others.
@@ -206,6 +239,7 @@ class GRPOConfig:
 
     def validate(self) -> None:
         """Fail at once, with one message that names the value and what to change."""
+        _check_finite(self)
         _check_choice("loss_type", self.loss_type, LOSS_TYPES)
         _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
         _check_choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
@@ -263,6 +297,21 @@ class GRPOConfig:
             raise ValueError(
                 f"top_k={self.top_k}, min_p={self.min_p}, repetition_penalty={self.repetition_penalty}: use top_k >= 0 "
                 "(0 = off), min_p in [0, 1] or None, repetition_penalty > 0 (1.0 = off)."
+            )
+        if self.save_total_limit < 1:
+            raise ValueError(
+                f"save_total_limit={self.save_total_limit}: keep at least 1 checkpoint (0 would delete each one "
+                "as it is written); to save less often, raise save_steps."
+            )
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: it must be >= 0 (0 turns it off).")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: an Adam beta must be in [0, 1) (typical 0.9-0.999).")
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ValueError(
+                f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."
             )
 
     def replace(self, **changes) -> GRPOConfig:
@@ -431,6 +480,16 @@ def check_trl_switches(config: GRPOConfig) -> None:
             f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
             "trainer.state.log_history only. Set report_to='none' (plot with minigrpo.plots.plot_training_curves)."
         )
+
+
+def _check_finite(config: GRPOConfig) -> None:
+    """Every float field (and reward weight) must be a finite number: NaN passes every `<` check silently, and an
+    inf learning rate or beta turns the weights into NaN at the first update."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        values = value if isinstance(value, list | tuple) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ValueError(f"{f.name}={value}: it must be a finite number (not NaN or inf).")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -43,7 +43,8 @@ def train_short_run(
     rewards [correctness, format] (weight them with config.reward_weights, for
     example tasks.arithmetic.REWARD_WEIGHTS). `dynamic_sampling` trains a
     variants.DynamicSamplingGRPOTrainer. Every call starts from the same
-    weights, so runs differ only by their config.
+    weights, so runs differ only by their config, and replaces an earlier
+    run in config.output_dir (overwrite_output_dir=True).
     """
     from minigrpo.models import load_model_and_tokenizer
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
@@ -54,6 +55,8 @@ def train_short_run(
     if eval_dataset is None and eval_size > 0:
         eval_dataset = make_arithmetic_dataset(eval_size, "test")
     trainer_cls = DynamicSamplingGRPOTrainer if dynamic_sampling else GRPOTrainer
+    # A short run is an experiment to repeat (a notebook re-run): it replaces an earlier run in its output_dir.
+    config = config.replace(overwrite_output_dir=True)
     trainer = trainer_cls(model, reward_funcs, config, train_dataset, eval_dataset, processing_class=tokenizer)
     trainer.train()
     return trainer

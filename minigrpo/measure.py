@@ -201,7 +201,10 @@ def run_algorithm(
         n = overrides.get("prompts_per_step", defaults.prompts_per_step)
         n *= overrides.get("num_generations", defaults.num_generations)
         overrides["per_device_train_batch_size"] = math.gcd(n, defaults.per_device_train_batch_size)
-    config = config_class.for_model(model, **{**overrides, "output_dir": f"{output_dir}/{algorithm}"})
+    # a measurement is repeated (a notebook re-run): it replaces the earlier one in its folder
+    config = config_class.for_model(
+        model, **{**overrides, "output_dir": f"{output_dir}/{algorithm}", "overwrite_output_dir": True}
+    )
     reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
     trainer = trainer_class(policy, reward_funcs, config, train_data, eval_data, processing_class=tokenizer)
     accuracy_before = trainer.evaluate()["eval/accuracy"]

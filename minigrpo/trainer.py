@@ -11,10 +11,10 @@ micro-batches with gradient accumulation, and checkpoints (written and read by
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,7 +24,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo import checkpoints
 from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
-from minigrpo.checkpoints import HISTORY_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (re-exported)
+from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
+    HISTORY_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    CheckpointError,
+    latest_checkpoint,
+)
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
@@ -50,7 +56,9 @@ from minigrpo.rollout import (
 )
 from minigrpo.tokenization import load_tokenizer
 
-METRICS_FILE = "metrics.jsonl"
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the gradient norm of a step is NaN or inf; the step was not applied."""
 
 
 # --- prompts in a seeded, resumable order -------------------------------------------
@@ -108,7 +116,13 @@ def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], 
     completions = greedy_completions(model, tokenizer, prompts, config)
     columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
     rewards_per_func, rewards = compute_rewards(
-        reward_funcs, prompts, completions, [[] for _ in completions], columns, config.reward_weights
+        reward_funcs,
+        prompts,
+        completions,
+        [[] for _ in completions],
+        columns,
+        config.reward_weights,
+        config.reward_timeout,
     )
     metrics = {"eval/accuracy": rewards_per_func[:, 0].nanmean().item(), "eval/reward": rewards.mean().item()}
     for f, func in enumerate(reward_funcs):
@@ -261,19 +275,49 @@ class Trainer:
         return self.tokenizer(render_prompts(self.tokenizer, list(prompts)), add_special_tokens=False)["input_ids"]
 
     # --- the loop -----------------------------------------------------------------
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> list[dict]:
-        """Run until max_steps optimizer steps; returns the metric history (one dict per logged step, also
-        in trainer.state.log_history). TRL's train() returns a TrainOutput instead."""
-        if resume_from_checkpoint:
-            path = latest_checkpoint(self.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
-            if path is None:
-                print(f"no checkpoint in {self.output_dir}: starting from scratch")
-            else:
-                self.load_checkpoint(path)
-        else:
-            random.seed(self.config.seed)
-            torch.manual_seed(self.config.seed)
-            self._clear_previous_run()
+    def train(self, resume_from_checkpoint: bool | str | None = None, allow_config_change: bool = False) -> list[dict]:
+        """Run until max_steps optimizer steps; returns the metric history (one dict per logged step, also in
+        trainer.state.log_history; TRL's train() returns a TrainOutput instead).
+
+        resume_from_checkpoint: True = the newest checkpoint in output_dir that reads completely (a fresh, seeded
+        run when there is none), a path = that checkpoint. allow_config_change: resume even though
+        training-defining fields (learning_rate, G, beta, ...) differ from the checkpoint's run.
+        Without resume, an output_dir holding an earlier run is refused unless config.overwrite_output_dir.
+        output_dir is locked while training: a second trainer on it gets an error.
+        """
+        with checkpoints.output_dir_lock(self.output_dir):
+            self._begin(resume_from_checkpoint, allow_config_change)
+            return self._train_loop()
+
+    def _begin(self, resume_from_checkpoint: bool | str | None, allow_config_change: bool) -> None:
+        """Resume (from a path, or the newest checkpoint in output_dir that reads completely), or start fresh."""
+        if not resume_from_checkpoint:
+            self._start_fresh(replace=self.config.overwrite_output_dir)
+            return
+        modules = self.trainable_modules()
+        if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
+            path = Path(resume_from_checkpoint)
+            self._restore(path, checkpoints.read_checkpoint(path, modules), allow_config_change)
+            return
+        found = checkpoints.find_resumable(self.output_dir, modules)
+        if found is None:
+            print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
+            self._start_fresh(replace=True)  # metrics without a checkpoint cannot be continued
+            return
+        path, state, problems = found
+        for problem in problems:
+            warnings.warn(f"{self.output_dir}: {problem}", stacklevel=3)
+        self._restore(path, state, allow_config_change)
+
+    def _start_fresh(self, replace: bool) -> None:
+        """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
+        checkpoints.claim_output_dir(self.output_dir, replace)
+        if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir: start its file afresh
+            self.metrics_path.unlink(missing_ok=True)
+        random.seed(self.config.seed)
+        torch.manual_seed(self.config.seed)
+
+    def _train_loop(self) -> list[dict]:
         self.model.train()
         progress = tqdm(
             total=self.max_steps,
@@ -282,24 +326,12 @@ class Trainer:
             unit="step",
             dynamic_ncols=True,
         )
-        config, window = self.config, []
+        self._window: list[dict] = []  # metrics of the generations since the last logged step
         while self.step < self.max_steps:
             before = self.step
             metrics = self._guarded_step()  # one generation and its optimizer steps
             self.step += self.optimizer_steps_per_generation()
-            window.append(metrics)
-            eval_every = config.eval_steps if config.eval_steps is not None else config.logging_steps
-            evaluated = (
-                config.eval_strategy == "steps" and self.eval_dataset is not None and self._due(before, eval_every)
-            )
-            if evaluated or self._due(before, config.logging_steps):
-                logged = average_metrics(window)
-                if evaluated:
-                    logged.update(self.evaluate())
-                self._log(logged)
-                window = []
-            if config.save_strategy == "steps" and self._due(before, config.save_steps):
-                self.save_checkpoint()
+            self._guarded_finish(before, metrics)
             progress.update(self.step - before)
             progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
         progress.close()
@@ -309,14 +341,6 @@ class Trainer:
         """Optimizer steps each generation makes (the step counter advances by this). GRPO: num_iterations x
         steps_per_generation / gradient_accumulation_steps; an algorithm that steps differently overrides it."""
         return self.config.optimizer_steps_per_generation
-
-    def _clear_previous_run(self) -> None:
-        """A fresh run owns its output_dir: an earlier run's metrics and checkpoints would otherwise be
-        resumed from (resume picks the highest step) or keep this run's newer checkpoints from rotating."""
-        self.metrics_path.unlink(missing_ok=True)
-        removed = checkpoints.remove_checkpoints(self.output_dir)
-        if removed:
-            print(f"new run in {self.output_dir}: removed {removed} checkpoint(s) of an earlier run")
 
     def _due(self, before: int, every: int) -> bool:
         """Did the last generation's optimizer steps (before, self.step] reach a multiple of `every`, or the end?
@@ -333,12 +357,48 @@ class Trainer:
         except BaseException:
             weights_changed = self.optimizer_steps != steps_before  # then the start state no longer fits them
             if not weights_changed and self.step > 0:
-                path = self.save_checkpoint(rng_state=start["rng"], sampler_state=start["sampler"])
-                print(
-                    f"\nstep {self.step + 1} failed: the state after step {self.step} is saved in {path}; "
-                    "resume with --resume (or train(resume_from_checkpoint=True))."
-                )
+                self._save_after_failure(f"step {self.step + 1}", start["rng"], start["sampler"])
             raise
+
+    def _guarded_finish(self, before: int, metrics: dict) -> None:
+        """Log (every logging_steps, averaging the generations in between), evaluate and save after the
+        generation that took the optimizer steps (before, self.step]. If evaluation or logging fails, the state
+        right after the step (its training metrics logged, without evaluation) is saved, so a resume starts at
+        the next step."""
+        config = self.config
+        after = {"rng": checkpoints.rng_state(), "sampler": self.sampler.state_dict()}
+        self._window.append(metrics)
+        try:
+            eval_every = config.eval_steps if config.eval_steps is not None else config.logging_steps
+            evaluate = (
+                config.eval_strategy == "steps" and self.eval_dataset is not None and self._due(before, eval_every)
+            )
+            if evaluate or self._due(before, config.logging_steps):
+                logged = average_metrics(self._window)
+                if evaluate:
+                    logged.update(self.evaluate())
+                self._log(logged)
+                self._window = []
+        except BaseException:
+            if not self.history or self.history[-1]["step"] != self.step:
+                self.history.append({"step": self.step, **average_metrics(self._window)})  # rewritten on resume
+            self._save_after_failure(f"evaluating or logging step {self.step}", after["rng"], after["sampler"])
+            raise
+        if config.save_strategy == "steps" and self._due(before, config.save_steps):
+            self.save_checkpoint()
+
+    def _save_after_failure(self, what: str, rng: dict, sampler: dict) -> None:
+        """Save the state of the last complete step (rng, sampler: as they were then); a save that fails too is
+        reported, and the original error is the one raised."""
+        try:
+            path = self.save_checkpoint(rng_state=rng, sampler_state=sampler)
+        except Exception as error:
+            print(f"\n{what} failed, and saving the state after step {self.step} failed too: {error}")
+            return
+        print(
+            f"\n{what} failed: the state after step {self.step} is saved in {path}; "
+            "resume with --resume (or train(resume_from_checkpoint=True))."
+        )
 
     def training_step(self) -> dict:
         """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
@@ -365,6 +425,7 @@ class Trainer:
             rollout.completion_id_lists(),
             columns,
             config.reward_weights,
+            config.reward_timeout,
         )
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(reward_metrics(rewards_per_func, rewards, self.reward_funcs, config.num_generations))
@@ -384,7 +445,7 @@ class Trainer:
         self.history.append(metrics)
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(metrics) + "\n")
+            f.write(checkpoints.dumps(metrics) + "\n")  # valid JSON: a NaN metric is written as null
 
     # --- the update, shared by every algorithm -------------------------------------------
     def loss_mask(self, rollout: Rollout) -> torch.Tensor:
@@ -417,6 +478,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         for rows in slices:
             loss, metrics = micro_batch_loss(rows)
+            self._check_finite_loss(loss, rows)
             (loss if loss_spans_step else loss / accumulation).backward()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value / accumulation
@@ -432,8 +494,28 @@ class Trainer:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if not math.isfinite(norm.item()):  # clipping cannot rescue an inf or NaN gradient: it would reach the weights
+            raise NonFiniteError(
+                f"step {self.step + 1}: the gradient norm is {norm.item()} although the loss was finite, so the "
+                f"update was not applied. Likely cause: an overflow in the backward pass (learning_rate="
+                f"{self.config.learning_rate:g} too high for this model, or reduced precision); lower learning_rate "
+                "and resume from the last checkpoint (allow_config_change=True)."
+            )
         self.optimizer.step()
         return norm.item()
+
+    def _check_finite_loss(self, loss: torch.Tensor, rows: slice) -> None:
+        """A NaN or inf loss stops the run before backward: its gradient would turn every weight into NaN."""
+        if torch.isfinite(loss).all():
+            return
+        config = self.config
+        raise NonFiniteError(
+            f"step {self.step + 1}: the loss of completions {rows.start}-{rows.stop - 1} is {loss.item()}, so the "
+            f"update was not applied. Likely cause: log-probs that overflowed (learning_rate={config.learning_rate:g}"
+            f" too high for this model, so the last updates diverged) or, with beta={config.beta:g}, a policy far "
+            "from the reference (the KL's exp overflows). Lower learning_rate (or beta) and resume from the last "
+            "checkpoint (allow_config_change=True)."
+        )
 
     # --- checkpoints (minigrpo.checkpoints does the work) -------------------------------
     def trainable_modules(self) -> dict[str, torch.nn.Module]:
@@ -456,20 +538,50 @@ class Trainer:
             sampler_state or self.sampler.state_dict(),
             rng_state or checkpoints.rng_state(),
             self.history,
+            self.run_args(),
         )
         checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
         return path
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore model(s), optimizer, scheduler, RNG, data position and metric history."""
-        state = checkpoints.load_checkpoint(path, self.trainable_modules(), self.optimizer, self.scheduler)
+    def run_args(self) -> dict:
+        """What defines this run (config, model, reward functions), saved with each checkpoint."""
+        return checkpoints.run_args(self.config, self.model, [reward_func_name(f) for f in self.reward_funcs])
+
+    def load_checkpoint(self, path: str | Path, allow_config_change: bool = False) -> None:
+        """Restore model(s), optimizer, scheduler, RNG, data position and metric history; every file is read and
+        checked first, and a run whose training-defining settings differ is refused unless allow_config_change."""
+        self._restore(Path(path), checkpoints.read_checkpoint(path, self.trainable_modules()), allow_config_change)
+
+    def _restore(self, path: Path, state: dict, allow_config_change: bool) -> None:
+        changes = checkpoints.changed_run_fields(state["args"], self.run_args())
+        if changes and not allow_config_change:
+            raise CheckpointError(
+                f"{path} belongs to a run with other settings ({'; '.join(changes)}): resume with the same "
+                "settings, or pass allow_config_change=True (--allow-config-change) to continue with the new ones."
+            )
+        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, self.scheduler)
+        if changes:
+            self._apply_config_to_optimizer()
+            print(f"resuming with changed settings: {'; '.join(changes)}")
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
-            f.writelines(json.dumps(m) + "\n" for m in self.history)
+            f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
         print(f"resumed from {path} at step {self.step}")
+
+    def _apply_config_to_optimizer(self) -> None:
+        """After a resume with allow_config_change: the checkpoint's optimizer state carries the old learning
+        rates, betas and weight decay; the current config's take over (the moments are kept)."""
+        fresh = self.optimizer_param_groups()
+        self.scheduler.base_lrs = [group["lr"] for group in fresh]
+        for group, new in zip(self.optimizer.param_groups, fresh, strict=True):
+            group["initial_lr"] = new["lr"]
+            group["lr"] = new["lr"] * self._lr_factor(self.scheduler.last_epoch)
+            group["betas"] = (self.config.adam_beta1, self.config.adam_beta2)
+            group["weight_decay"] = self.config.weight_decay
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reports
 
     def save_model(self, path: str | Path | None = None) -> Path:
         """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path)."""

@@ -1,22 +1,39 @@
-"""Checkpoints: atomic save, load in place, rotation, RNG state; on a small module (the trainer tests use Qwen)."""
+"""Checkpoints: atomic save, safe load in place, fallback, rotation, RNG state, the output folder's lock; on small
+modules (the trainer tests use Qwen)."""
 
+import errno
+import json
+import math
+import os
 import random
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
+from minigrpo import checkpoints
 from minigrpo.checkpoints import (
+    ARGS_FILE,
     HISTORY_FILE,
     STATE_FILE,
+    CheckpointError,
+    changed_run_fields,
+    dumps,
+    find_resumable,
     latest_checkpoint,
     load_checkpoint,
     load_module,
+    output_dir_lock,
+    read_checkpoint,
     remove_checkpoints,
     rng_state,
     rotate_checkpoints,
     save_checkpoint,
     set_rng_state,
 )
+from minigrpo.config import GRPOConfig
 
 
 class Tokenizer:
@@ -39,9 +56,9 @@ def trained_state(seed: int):
     return modules, optimizer, scheduler
 
 
-def save(tmp_path, step, modules, optimizer, scheduler, history=()):
+def save(tmp_path, step, modules, optimizer, scheduler, history=(), args=None):
     return save_checkpoint(
-        tmp_path, step, modules, Tokenizer(), optimizer, scheduler, {"epoch": 1}, rng_state(), list(history)
+        tmp_path, step, modules, Tokenizer(), optimizer, scheduler, {"epoch": 1}, rng_state(), list(history), args
     )
 
 
@@ -55,6 +72,7 @@ def test_save_then_load_restores_weights_optimizer_scheduler_and_returns_the_res
         "tokenizer.json",
         STATE_FILE,
         HISTORY_FILE,
+        ARGS_FILE,
     }
     assert not list(tmp_path.glob(".checkpoint-*"))  # the temporary folder was renamed
 
@@ -66,6 +84,164 @@ def test_save_then_load_restores_weights_optimizer_scheduler_and_returns_the_res
     assert str(fresh_optimizer.state_dict()) == str(optimizer.state_dict())
     assert fresh_scheduler.state_dict() == scheduler.state_dict()
     assert state["step"] == 7 and state["sampler"] == {"epoch": 1} and state["history"] == [{"step": 7, "reward": 0.5}]
+
+
+def test_python_rng_state_survives_json_and_the_state_file_loads_without_pickle(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=1)
+    random.seed(123)
+    torch.manual_seed(5)
+    path = save(tmp_path, 1, modules, optimizer, scheduler)
+    expected = (random.random(), torch.rand(2))
+    state = read_checkpoint(path, modules)
+    set_rng_state(state["rng"])  # the state stored as JSON lists is a tuple again
+    assert (random.random(), torch.rand(2))[0] == expected[0]
+    tensors = torch.load(path / STATE_FILE, weights_only=True)  # tensors and plain numbers only
+    assert set(tensors) == {"optimizer", "scheduler", "rng_torch", "rng_cuda"}
+    assert tensors["scheduler"]["lr_lambdas"] is None  # the schedule is code, nothing of it is stored
+    assert json.loads((path / HISTORY_FILE).read_text())["format"] == checkpoints.FORMAT
+
+
+def test_a_crafted_state_file_is_refused_and_never_run(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=0)
+    path = save(tmp_path, 3, modules, optimizer, scheduler)
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):  # what a hostile checkpoint holds: unpickling calls exec(...)
+            return (exec, (f"open({str(marker)!r}, 'w').write('ran')",))
+
+    torch.save({"optimizer": Payload()}, path / STATE_FILE)
+    with pytest.raises(CheckpointError, match="cannot be read safely.*never run"):
+        read_checkpoint(path, modules)
+    with pytest.raises(CheckpointError, match="no checkpoint .* can be resumed"):
+        find_resumable(tmp_path, modules)
+    assert not marker.exists()
+    torch.load(path / STATE_FILE, weights_only=False)  # the old way: the file really is hostile
+    assert marker.read_text() == "ran"
+
+
+def test_an_old_format_checkpoint_gets_one_error_saying_what_to_do(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=0)
+    path = save(tmp_path, 2, modules, optimizer, scheduler)
+    (path / ARGS_FILE).unlink()
+    old = {"step": 2, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "sampler": {}}
+    torch.save({**old, "rng": rng_state()}, path / STATE_FILE)
+    (path / HISTORY_FILE).write_text(json.dumps({"step": 2, "history": []}))
+    with pytest.raises(CheckpointError, match="older minigrpo.*Start a new run from its weights"):
+        read_checkpoint(path, modules)
+
+
+@pytest.mark.parametrize(
+    "file, damage, words",
+    [
+        ("model.safetensors", "truncate", "model.safetensors is truncated or corrupt"),
+        ("critic/model.safetensors", "garbage", "model.safetensors is truncated or corrupt"),
+        (STATE_FILE, "truncate", "trainer_state.pt cannot be read safely"),
+        (HISTORY_FILE, "garbage", "trainer_state.json is missing, truncated or not JSON"),
+        (HISTORY_FILE, "truncate", "trainer_state.json is missing, truncated or not JSON"),
+        (ARGS_FILE, "garbage", "training_args.json is missing, truncated or not JSON"),
+        (HISTORY_FILE, "empty object", "older minigrpo"),
+    ],
+)
+def test_resume_falls_back_past_a_broken_checkpoint_and_names_it(tmp_path, file, damage, words):
+    modules, optimizer, scheduler = trained_state(seed=1)
+    save(tmp_path, 1, modules, optimizer, scheduler, history=[{"step": 1}])
+    expected = {name: [p.detach().clone() for p in m.parameters()] for name, m in modules.items()}
+    with torch.no_grad():
+        modules["model"].weight.add_(1.0)
+    broken = save(tmp_path, 2, modules, optimizer, scheduler, history=[{"step": 1}, {"step": 2}])
+    target = broken / file
+    data = target.read_bytes()
+    if damage == "truncate":
+        target.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        target.write_bytes(b"\x00garbage" * 10)
+    else:
+        target.write_text("{}")
+    with pytest.raises(CheckpointError, match=words):
+        read_checkpoint(broken, modules)
+
+    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=0)
+    path, state, problems = find_resumable(tmp_path, fresh)
+    assert path.name == "checkpoint-1" and state["step"] == 1 and state["history"] == [{"step": 1}]
+    assert len(problems) == 1 and problems[0].startswith("skipped checkpoint-2:") and words.split()[0] in problems[0]
+    checkpoints.apply_checkpoint(state, fresh, fresh_optimizer, fresh_scheduler)
+    for name, params in expected.items():
+        for a, b in zip(params, fresh[name].parameters(), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_a_broken_checkpoint_changes_nothing(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=1)
+    path = save(tmp_path, 1, modules, optimizer, scheduler)
+    (path / "critic" / "model.safetensors").write_bytes(b"")  # the last file read is the broken one
+    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=0)
+    before = [p.detach().clone() for p in fresh["model"].parameters()]
+    optimizer_before = str(fresh_optimizer.state_dict())
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path, fresh, fresh_optimizer, fresh_scheduler)
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh["model"].parameters(), strict=True))
+    assert str(fresh_optimizer.state_dict()) == optimizer_before
+
+
+def test_a_full_disk_removes_the_temporary_folder_and_says_why_in_one_line(tmp_path, monkeypatch):
+    modules, optimizer, scheduler = trained_state(seed=0)
+    save(tmp_path, 1, modules, optimizer, scheduler)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoints.torch, "save", disk_full)  # the model is already written when it fails
+    with pytest.raises(OSError) as info:
+        save(tmp_path, 2, modules, optimizer, scheduler)
+    message = str(info.value)
+    assert info.value.errno == errno.ENOSPC and "\n" not in message
+    assert "could not write checkpoint-2" in message and "No space left on device" in message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]  # no .checkpoint-2.tmp left
+
+
+def test_non_finite_weights_are_never_written(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=0)
+    with torch.no_grad():
+        modules["critic"].bias.fill_(math.nan)
+    with pytest.raises(CheckpointError, match="critic.bias holds NaN or inf"):
+        save(tmp_path, 1, modules, optimizer, scheduler)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_metrics_json_stays_json():
+    line = dumps({"step": 1, "reward": math.nan, "kl": math.inf, "nested": [1.5, -math.inf]})
+    assert json.loads(line) == {"step": 1, "reward": None, "kl": None, "nested": [1.5, None]}
+    assert "NaN" not in line and "Infinity" not in line
+
+
+def test_history_nan_round_trips_as_null(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=0)
+    path = save(tmp_path, 1, modules, optimizer, scheduler, history=[{"step": 1, "rewards/f/mean": math.nan}])
+    assert '"rewards/f/mean": null' in (path / HISTORY_FILE).read_text()
+    assert math.isnan(read_checkpoint(path, modules)["history"][0]["rewards/f/mean"])
+
+
+def test_changed_run_fields_lists_what_defines_the_run():
+    model = torch.nn.Linear(2, 2)
+    saved = checkpoints.run_args(GRPOConfig(prompts_per_step=16), model, ["correctness_reward"])
+    assert changed_run_fields(saved, saved) == []
+    free = GRPOConfig(prompts_per_step=16, max_steps=500, save_steps=5, eval_steps=1, output_dir="elsewhere",
+                      per_device_train_batch_size=8)  # fmt: skip
+    assert changed_run_fields(saved, checkpoints.run_args(free, model, ["correctness_reward"])) == []
+    other = GRPOConfig(prompts_per_step=16, learning_rate=1e-5, num_generations=4, loss_type="dapo", seed=3)
+    assert changed_run_fields(saved, checkpoints.run_args(other, model, ["format_reward"])) == [
+        "reward_funcs: ['correctness_reward'] -> ['format_reward']",
+        "generation_batch_size: 128 -> 64",  # B x G: the same 16 prompts, 4 completions each
+        "learning_rate: 1e-06 -> 1e-05",
+        "loss_type: 'grpo' -> 'dapo'",
+        "num_generations: 8 -> 4",
+        "seed: 0 -> 3",
+    ]
+    linear = checkpoints.run_args(GRPOConfig(lr_scheduler_type="linear", max_steps=100), model, [])
+    longer = checkpoints.run_args(GRPOConfig(lr_scheduler_type="linear", max_steps=200), model, [])
+    assert changed_run_fields(linear, longer) == ["max_steps: 100 -> 200"]  # the decay ends at max_steps
+    assert changed_run_fields({"config": {"a_field_from_elsewhere": 1}}, saved) == []
 
 
 def test_rng_state_round_trip_replays_the_same_draws():
@@ -81,16 +257,62 @@ def test_latest_ignores_incomplete_folders_and_rotation_keeps_the_newest(tmp_pat
     for step in (2, 10, 4):
         save(tmp_path, step, modules, optimizer, scheduler)
     (tmp_path / "checkpoint-99").mkdir()  # no trainer_state.pt: a copy that never finished
+    for stray in ("checkpoint-backup", "checkpoint-5-old", "checkpoint-"):  # not checkpoint-<int>: ignored
+        (tmp_path / stray).mkdir()
+        (tmp_path / stray / STATE_FILE).write_text("")
+    (tmp_path / "checkpoint-12").write_text("a file, not a folder")
     assert latest_checkpoint(tmp_path).name == "checkpoint-10"  # by step number, not by name
+    assert find_resumable(tmp_path, modules)[0].name == "checkpoint-10"  # and -99 is skipped (no state file)
     rotate_checkpoints(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-99"]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-",
+        "checkpoint-10",
+        "checkpoint-12",
+        "checkpoint-5-old",
+        "checkpoint-99",
+        "checkpoint-backup",
+    ]
+    with pytest.raises(ValueError, match="keep at least"):
+        rotate_checkpoints(tmp_path, keep=0)
     assert remove_checkpoints(tmp_path) == 2 and latest_checkpoint(tmp_path) is None
+    assert (tmp_path / "checkpoint-backup").is_dir()
 
 
 def test_clear_errors_for_a_wrong_folder_or_a_wrong_model(tmp_path):
     modules, optimizer, scheduler = trained_state(seed=0)
-    with pytest.raises(FileNotFoundError, match="not a minigrpo checkpoint"):
+    with pytest.raises(CheckpointError, match="not a minigrpo checkpoint"):
         load_checkpoint(tmp_path, modules, optimizer, scheduler)
     path = save(tmp_path, 1, modules, optimizer, scheduler)
     with pytest.raises(RuntimeError, match="does not match the model"):
         load_module(torch.nn.Sequential(torch.nn.Linear(3, 1)), path / "critic")  # other names
+
+
+def test_the_output_folder_is_locked_against_a_second_trainer(tmp_path):
+    with output_dir_lock(tmp_path):
+        assert (tmp_path / checkpoints.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+        with pytest.raises(CheckpointError, match=f"in use by another trainer \\(process {os.getpid()}\\)"):
+            with output_dir_lock(tmp_path):
+                pass
+    with output_dir_lock(tmp_path):  # released at the end of the block
+        pass
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from minigrpo.checkpoints import output_dir_lock\n"
+         "with output_dir_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(CheckpointError, match=f"process {holder.pid}"):
+            with output_dir_lock(tmp_path):
+                pass
+    finally:
+        holder.kill()  # kill -9: no cleanup runs in the holder
+        holder.wait()
+    assert (tmp_path / checkpoints.LOCK_FILE).read_text().strip() == str(holder.pid)  # the stale file is still there
+    started = time.perf_counter()
+    with output_dir_lock(tmp_path):
+        assert (tmp_path / checkpoints.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    assert time.perf_counter() - started < 5

@@ -68,3 +68,48 @@ def test_bad_values_name_the_field(field, value, words):
 def test_replace_validates_again():
     with pytest.raises(ValueError, match="num_generations"):
         GRPOConfig().replace(num_generations=0)
+
+
+FLOAT_FIELDS = [
+    "learning_rate", "beta", "epsilon", "epsilon_high", "temperature", "top_p", "advantage_epsilon",
+    "max_grad_norm", "weight_decay", "adam_beta1", "adam_beta2", "reward_timeout",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("field", FLOAT_FIELDS)
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_float_fields_must_be_finite(field, value):
+    with pytest.raises(ValueError, match=f"{field}=.*finite number"):
+        GRPOConfig(**{field: value})
+
+
+def test_ppo_fields_and_reward_weights_must_be_finite_too():
+    from minigrpo.ppo import PPOConfig
+
+    with pytest.raises(ValueError, match="gamma=nan: it must be a finite number"):
+        PPOConfig(gamma=float("nan"))
+    with pytest.raises(ValueError, match=r"reward_weights=\[1.0, inf\]: it must be a finite number"):
+        GRPOConfig(reward_weights=[1.0, float("inf")])
+
+
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("save_total_limit", 0, "keep at least 1 checkpoint"),
+        ("weight_decay", -0.1, ">= 0"),
+        ("max_grad_norm", -1.0, ">= 0"),
+        ("adam_beta1", 1.0, "[0, 1)"),
+        ("adam_beta2", -0.5, "[0, 1)"),
+        ("reward_timeout", 0.0, "positive number of seconds"),
+    ],
+)
+def test_ranges_of_the_new_checks(field, value, words):
+    with pytest.raises(ValueError, match=field) as info:
+        GRPOConfig(**{field: value})
+    assert words in str(info.value)
+
+
+def test_reward_timeout_and_overwrite_defaults():
+    config = GRPOConfig()
+    assert config.reward_timeout is None and config.overwrite_output_dir is False
+    assert GRPOConfig(reward_timeout=2.5, save_total_limit=1, max_grad_norm=0.0).reward_timeout == 2.5

@@ -56,7 +56,7 @@ def test_cpu_is_fp32_even_with_a_gpu_present(monkeypatch):
 def test_t4_reference_model_stays_fp32(monkeypatch):
     model = build_tiny_model(build_tiny_tokenizer())
     fake_gpu(monkeypatch, (7, 5))
-    monkeypatch.setattr(models, "autocast_dtype", lambda device: autocast_dtype(torch.device("cuda")))
+    monkeypatch.setattr(models, "autocast_dtype", lambda device, bf16=None: autocast_dtype(torch.device("cuda"), bf16))
     assert next(make_reference_model(model).parameters()).dtype == torch.float32
     fake_gpu(monkeypatch, (8, 0))
     reference = make_reference_model(model)

@@ -209,7 +209,7 @@ def test_ppo_and_grpo_share_the_rollout_code(tiny, train_dataset, small_config, 
     PPOTrainer(
         model,
         [correctness_reward],
-        args=ppo_config.replace(**one_step),
+        args=ppo_config.replace(**one_step, output_dir=ppo_config.output_dir + "-ppo"),  # not GRPO's run folder
         train_dataset=train_dataset,
         processing_class=tokenizer,
     ).train()

@@ -1,6 +1,7 @@
 """The trainer end to end on the tiny Qwen: it learns, it logs, it checkpoints, it resumes exactly."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -212,17 +213,25 @@ def test_learning_rate_schedule(tiny, train_dataset, small_config):
     assert {constant._lr_factor(s) for s in range(10)} == {1.0}
 
 
-def test_a_fresh_run_removes_an_earlier_runs_checkpoints(tiny, train_dataset, small_config):
+def test_a_fresh_run_refuses_an_earlier_runs_folder_unless_told_to_overwrite(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     stale = small_config.output_dir + "/checkpoint-99"
-    import os
-
     os.makedirs(stale)
     open(stale + "/trainer_state.pt", "w").close()
+    config = small_config.replace(max_steps=2)
+    with pytest.raises(FileExistsError) as info:
+        GRPOTrainer(
+            model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+        ).train()
+    message = str(info.value)
+    assert f"{small_config.output_dir} holds an earlier run (checkpoint-99)" in message
+    for option in ("resume_from_checkpoint=True", "another output_dir", "overwrite_output_dir=True"):
+        assert option in message
+    assert os.path.exists(stale)  # nothing was deleted
     GRPOTrainer(
         model,
         [correctness_reward],
-        args=small_config.replace(max_steps=2),
+        args=config.replace(overwrite_output_dir=True),
         train_dataset=train_dataset,
         processing_class=tokenizer,
     ).train()
