@@ -5,6 +5,7 @@ A checkpoint is a folder ``output_dir/checkpoint-{step}/``:
 | file                         | holds                                                           |
 | ---------------------------- | --------------------------------------------------------------- |
 | model.safetensors + config   | the policy (``save_pretrained``), loadable on its own            |
+| adapter_model.safetensors    | instead, for a LoRA policy: its adapters (+ adapter_config.json) |
 | tokenizer files              | the tokenizer, so the folder is a complete model                 |
 | <name>/model.safetensors     | every other trained module (PPO's critic in ``critic/``)         |
 | trainer_state.pt             | step, optimizer (AdamW moments), scheduler, prompt sampler, RNG  |
@@ -31,8 +32,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_model
 
+from minigrpo.models import is_peft_model
+
 STATE_FILE = "trainer_state.pt"
 HISTORY_FILE = "trainer_state.json"
+ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's file of a LoRA policy's adapter weights
 
 
 # --- random generators ----------------------------------------------------------------
@@ -65,10 +69,16 @@ def save_module(module: torch.nn.Module, folder: Path) -> None:
 def load_module(module: torch.nn.Module, folder: Path) -> None:
     """Load every *.safetensors file of `folder` into `module`; only tied weights may be absent.
 
+    A LoRA policy (a PeftModel) loads its adapters only: the frozen base weights are
+    the ones it was built from, never saved, never changed.
+
     save_pretrained drops lm_head.weight when it is tied to the embeddings
     (Qwen2.5-0.5B ties them), so that one key may be missing; anything else
     missing or unexpected means the checkpoint belongs to another model.
     """
+    if is_peft_model(module):
+        load_adapters(module, folder)
+        return
     state = {}
     for file in sorted(folder.glob("*.safetensors")):
         state.update(load_file(file, device=str(next(module.parameters()).device)))
@@ -77,6 +87,22 @@ def load_module(module: torch.nn.Module, folder: Path) -> None:
     if unexpected or set(missing) - tied:
         raise RuntimeError(
             f"checkpoint in {folder} does not match the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def load_adapters(model, folder: Path) -> None:
+    """Set a PeftModel's adapter weights from folder/adapter_model.safetensors; every adapter weight must be there."""
+    from peft import set_peft_model_state_dict
+
+    file = folder / ADAPTER_FILE
+    if not file.exists():
+        raise RuntimeError(f"checkpoint in {folder} has no {ADAPTER_FILE}: it was not written by a LoRA run.")
+    result = set_peft_model_state_dict(model, load_file(file, device=str(next(model.parameters()).device)))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    missing = [name for name in result.missing_keys if name in trainable]
+    if result.unexpected_keys or missing:
+        raise RuntimeError(
+            f"adapters in {folder} do not match the model's: missing {missing}, unexpected {result.unexpected_keys}"
         )
 
 
