@@ -6,6 +6,9 @@
     python bench/memory.py --model qwen0.5b-shape --preset t4 --lora          # the same with LoRA (r=16)
     python bench/memory.py --model qwen1.5b-shape --preset lora-t4 --lora     # GRPOConfig.qwen1_5b_lora_t4()
 
+On a GPU with native bf16 (A100, H100) add --fp32 to measure a T4's precision (fp32, no autocast, an fp32
+reference copy): the T4 figures in minutes instead of an hour of CPU.
+
 LoRA (--lora, --lora-rank): adapters of rank r on q, k, v, o, gate, up and down (minigrpo.models.lora_config,
 TRL's and Unsloth's usual targets); only they have gradients and AdamW state, and the reference
 log-probs come from the same model with the adapters off, so there is no reference copy.
