@@ -3,6 +3,15 @@
     python bench/memory.py --model qwen0.5b-shape --preset t4       # does GRPOConfig.qwen_t4() fit a T4?
     python bench/memory.py --model qwen0.5b-shape --preset default  # GRPOConfig() defaults, the default GPU config
     python bench/memory.py --model tiny --preset tiny               # seconds, on the CPU
+    python bench/memory.py --model qwen0.5b-shape --preset t4 --lora          # the same with LoRA (r=16)
+    python bench/memory.py --model qwen1.5b-shape --preset lora-t4 --lora     # GRPOConfig.qwen1_5b_lora_t4()
+
+On a GPU with native bf16 (A100, H100) add --fp32 to measure a T4's precision (fp32, no autocast, an fp32
+reference copy): the T4 figures in minutes instead of an hour of CPU.
+
+LoRA (--lora, --lora-rank): adapters of rank r on q, k, v, o, gate, up and down (minigrpo.models.lora_config,
+TRL's and Unsloth's usual targets); only they have gradients and AdamW state, and the reference
+log-probs come from the same model with the adapters off, so there is no reference copy.
 
 The step is the trainer's own: rollout (generation), reference log-probs, then the update (policy
 forward + backward per micro-batch, gradient clipping, AdamW step). The model is Qwen2.5-0.5B's shape
@@ -38,6 +47,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, Qwen2ForCausalLM
 
+from minigrpo import models
 from minigrpo.config import GRPOConfig
 from minigrpo.memory import (
     TensorMemoryTracker,
@@ -47,7 +57,7 @@ from minigrpo.memory import (
     peak_breakdown,
     storage_bytes,
 )
-from minigrpo.models import load_model_and_tokenizer, set_gradient_checkpointing
+from minigrpo.models import load_model_and_tokenizer, lora_config, set_gradient_checkpointing
 from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.tokenization import qwen25_tokenizer
 
@@ -56,13 +66,28 @@ try:
 except ImportError:  # older layout
     from minigrpo.ppo import QWEN_SHAPE, qwen_shape_config
 
-PRESETS = {"t4": GRPOConfig.qwen_t4, "default": GRPOConfig, "tiny": GRPOConfig.tiny_cpu}
+PRESETS = {
+    "t4": GRPOConfig.qwen_t4,
+    "lora-t4": GRPOConfig.qwen1_5b_lora_t4,
+    "default": GRPOConfig,
+    "tiny": GRPOConfig.tiny_cpu,
+}
+QWEN_1_5B_SHAPE = "qwen1.5b-shape"
+# Qwen2.5-1.5B-Instruct's config.json where it differs from 0.5B's (1.54B parameters, embeddings tied).
+QWEN_SHAPES = {
+    QWEN_SHAPE: {},
+    QWEN_1_5B_SHAPE: dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+    ),
+}
 
 
-def qwen_shape_model(tokenizer, device) -> Qwen2ForCausalLM:
-    """Qwen2.5-0.5B-Instruct's architecture (494M parameters) with random weights, fp32."""
+def qwen_shape_model(tokenizer, device, shape: str = QWEN_SHAPE) -> Qwen2ForCausalLM:
+    """Qwen2.5-0.5B- or 1.5B-Instruct's architecture (494M / 1.54B parameters) with random weights, fp32."""
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    config = qwen_shape_config(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    config = qwen_shape_config(
+        eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None, **QWEN_SHAPES[shape]
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(eos_token_id=[eos], pad_token_id=tokenizer.pad_token_id)
@@ -76,13 +101,21 @@ def full_length_generate(generate, length: int, *args, generation_config=None, *
     return generate(*args, generation_config=generation_config, **kwargs)
 
 
-def build(model_name: str, preset: str, device: torch.device, output_dir: str, tokenizer_cache: str | None):
-    """The trainer of one measured step: the model, the preset (1 step, no eval, no checkpoints), the data."""
+def build(
+    model_name: str,
+    preset: str,
+    device: torch.device,
+    output_dir: str,
+    tokenizer_cache: str | None,
+    lora_rank: int | None = None,
+):
+    """The trainer of one measured step: the model, the preset (1 step, no eval, no checkpoints), the data.
+    lora_rank: LoRA adapters of this rank (lora_config's targets), or None for full fine-tuning."""
     from minigrpo import GRPOTrainer
 
-    if model_name == QWEN_SHAPE:
+    if model_name in QWEN_SHAPES:
         tokenizer = qwen25_tokenizer(tokenizer_cache)
-        model = qwen_shape_model(tokenizer, device)
+        model = qwen_shape_model(tokenizer, device, model_name)
     else:
         model, tokenizer = load_model_and_tokenizer(model_name, device)
     config = PRESETS[preset](max_steps=1, eval_steps=0, save_steps=0, output_dir=output_dir)
@@ -90,8 +123,14 @@ def build(model_name: str, preset: str, device: torch.device, output_dir: str, t
     model.generate = functools.partial(full_length_generate, model.generate, config.max_completion_length)
     set_gradient_checkpointing(model, config.gradient_checkpointing)  # what the trainer does at init
     dataset = make_arithmetic_dataset(n=64, seed=0)
+    peft_config = lora_config(r=lora_rank, lora_alpha=2 * lora_rank) if lora_rank else None
     trainer = GRPOTrainer(
-        model, [correctness_reward, format_reward], args=config, train_dataset=dataset, processing_class=tokenizer
+        model,
+        [correctness_reward, format_reward],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
     )
     if device.type == "cpu":
         for group in trainer.optimizer.param_groups:
@@ -100,6 +139,7 @@ def build(model_name: str, preset: str, device: torch.device, output_dir: str, t
 
 
 def weights_bytes(trainer) -> int:
+    """Policy + reference weights; a LoRA reference (the policy with its adapters off) shares every storage."""
     modules = [m for m in (trainer.model, trainer.ref_model) if m is not None]
     return storage_bytes([t for m in modules for t in (*m.parameters(), *m.buffers())])
 
@@ -145,6 +185,8 @@ def measure_step(trainer, update_micro_batches: int = 1) -> dict:
     result["sequence_length"] = rollout.prompt_ids.shape[1] + rollout.completion_ids.shape[1]
     result["completion_length"] = rollout.completion_ids.shape[1]
     result["peak"] = max(result["rollout"]["total"], result["update"]["total"])
+    result["trainable_parameters"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    result["parameters"] = sum(p.numel() for p in trainer.model.parameters())
     return result
 
 
@@ -156,7 +198,11 @@ def logprob_chunk_bytes(config: GRPOConfig, vocab_size: int) -> int:
 def report(result: dict, trainer, args) -> str:
     config = trainer.config
     vocab = trainer.model.get_output_embeddings().weight.shape[0]
+    training = f"LoRA r={args.lora_rank}" if args.lora else "full fine-tuning"
+    reference = "the policy with its adapters off (no copy)" if args.lora else "a copy"
     lines = [
+        f"{training}: {result['trainable_parameters']:,} of {result['parameters']:,} parameters trained; "
+        f"reference: {reference if config.beta else 'none (beta=0)'}",
         f"model {args.model}, preset {args.preset}: B={config.prompts_per_step} prompts x G={config.num_generations}, "
         f"micro-batch {config.per_device_train_batch_size}, sequences of {result['sequence_length']} tokens "
         f"({result['completion_length']} completion tokens, forced to full length), "
@@ -188,9 +234,17 @@ def report(result: dict, trainer, args) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny", help=f'"tiny", "{QWEN_SHAPE}" or a local model folder')
+    shapes = ", ".join(f'"{name}"' for name in QWEN_SHAPES)
+    parser.add_argument("--model", default="tiny", help=f'"tiny", {shapes} or a local model folder')
     parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--lora", action="store_true", help="LoRA adapters instead of full fine-tuning")
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank r (alpha = 2r)")
     parser.add_argument("--update-micro-batches", type=int, default=1, help="micro-batches of the update (0 = all)")
+    parser.add_argument(
+        "--fp32",
+        action="store_true",
+        help="no bf16 autocast even where the GPU has it: a T4's precision, to measure T4 figures on an A100/H100",
+    )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
     parser.add_argument("--tokenizer-cache", default=None, help="folder to save / reuse the built Qwen2.5 tokenizer")
     parser.add_argument("--json-out", default=None, help="also write the figures (bytes) to this JSON file")
@@ -199,12 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.fp32:  # every forward pass and the reference copy ask models.autocast_dtype
+        models.autocast_dtype = lambda device: None
     with tempfile.TemporaryDirectory() as output_dir:
-        trainer = build(args.model, args.preset, device, output_dir, args.tokenizer_cache)
+        lora_rank = args.lora_rank if args.lora else None
+        trainer = build(args.model, args.preset, device, output_dir, args.tokenizer_cache, lora_rank)
         result = measure_step(trainer, args.update_micro_batches)
     print(report(result, trainer, args))
     if args.json_out:
-        result.update(model=args.model, preset=args.preset, device=str(device))
+        result.update(model=args.model, preset=args.preset, device=str(device), lora_rank=lora_rank)
         Path(args.json_out).write_text(json.dumps(result, indent=2))
     return 0
 

@@ -11,6 +11,7 @@ A checkpoint is a folder ``output_dir/checkpoint-{step}/``:
 |                              | torch's and CUDA's RNG states; read with ``torch.load(weights_only=True)`` |
 | trainer_state.json           | step, metric history, prompt sampler, Python's RNG state (a list of ints) |
 | training_args.json           | the run's config, model and reward functions: a resume compares them     |
+| adapter_model.safetensors    | instead, for a LoRA policy: its adapters (+ adapter_config.json)          |
 
 "Exactly" means bit for bit: the same weights after steps 1..4 whether or not
 the run stopped after step 2. That needs more than the weights: AdamW's two
@@ -49,7 +50,7 @@ import torch
 from safetensors.torch import load_file, save_model
 
 from minigrpo.config import RESUME_FREE_FIELDS, GRPOConfig
-from minigrpo.models import TINY_MODEL_DIR
+from minigrpo.models import TINY_MODEL_DIR, is_peft_model
 
 try:  # POSIX; elsewhere (Windows) the output folder is simply not locked
     import fcntl
@@ -61,6 +62,7 @@ STATE_FILE = "trainer_state.pt"
 HISTORY_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
 METRICS_FILE = "metrics.jsonl"
+ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's file of a LoRA policy's adapter weights
 LOCK_FILE = ".minigrpo.lock"
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
 
@@ -169,11 +171,16 @@ def save_module(module: torch.nn.Module, folder: Path) -> None:
 def read_module_state(module: torch.nn.Module, folder: Path) -> dict[str, torch.Tensor]:
     """Every *.safetensors file of `folder`, checked against `module` (names and shapes) but not loaded into it.
 
+    A LoRA policy (a PeftModel) loads its adapters only: the frozen base weights are
+    the ones it was built from, never saved, never changed.
+
     save_pretrained drops lm_head.weight when it is tied to the embeddings
     (Qwen2.5-0.5B ties them), so that one key may be missing; anything else
     missing, unexpected or of another shape means the checkpoint belongs to
     another model. Raises CheckpointError for a missing, truncated or garbage file.
     """
+    if is_peft_model(module):
+        return read_adapter_state(module, folder)
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder} has no *.safetensors file")
@@ -197,7 +204,17 @@ def read_module_state(module: torch.nn.Module, folder: Path) -> dict[str, torch.
 
 def load_module(module: torch.nn.Module, folder: Path) -> None:
     """Load the weights in `folder` into `module` (see read_module_state for what is checked)."""
-    module.load_state_dict(read_module_state(module, folder), strict=False)
+    set_module_state(module, read_module_state(module, folder))
+
+
+def set_module_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a state read by read_module_state: a LoRA policy's adapters, or every weight of a plain module."""
+    if is_peft_model(module):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(module, state)
+    else:
+        module.load_state_dict(state, strict=False)
 
 
 def _check_finite_weights(modules: dict[str, torch.nn.Module]) -> None:
@@ -209,6 +226,27 @@ def _check_finite_weights(modules: dict[str, torch.nn.Module]) -> None:
                     f"{name}.{param_name} holds NaN or inf: the weights have diverged and are not saved. Resume "
                     "from an earlier checkpoint with a lower learning_rate."
                 )
+
+
+def read_adapter_state(model, folder: Path) -> dict[str, torch.Tensor]:
+    """A PeftModel's adapter weights from folder/adapter_model.safetensors, checked (every adapter weight there,
+    nothing else) but not loaded. Raises CheckpointError for a missing, truncated or garbage file."""
+    from peft import get_peft_model_state_dict
+
+    file = folder / ADAPTER_FILE
+    if not file.exists():
+        raise CheckpointError(f"{folder} has no {ADAPTER_FILE}: it was not written by a LoRA run.")
+    try:
+        state = load_file(file, device=str(next(model.parameters()).device))
+    except Exception as error:  # safetensors raises its own error types for a short or garbled file
+        raise CheckpointError(f"{file} is truncated or corrupt ({_one_line(error)})") from error
+    expected = get_peft_model_state_dict(model)
+    missing, unexpected = expected.keys() - state.keys(), state.keys() - expected.keys()
+    if missing or unexpected:
+        raise RuntimeError(
+            f"adapters in {folder} do not match the model's: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
+        )
+    return state
 
 
 # --- finding and rotating checkpoints ------------------------------------------------------
@@ -362,7 +400,7 @@ def apply_checkpoint(
     optimizer.load_state_dict(state["optimizer"])  # torch checks the groups' sizes before changing anything
     scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     for name, module in modules.items():
-        module.load_state_dict(state["weights"][name], strict=False)
+        set_module_state(module, state["weights"][name])
 
 
 def load_checkpoint(

@@ -384,6 +384,20 @@ class GRPOConfig:
         )
         return cls(**{**preset, **overrides})
 
+    @classmethod
+    def qwen1_5b_lora_t4(cls, **overrides) -> GRPOConfig:
+        """Qwen2.5-1.5B-Instruct with LoRA on a free Colab T4; pass ``peft_config=lora_config()`` to the trainer.
+
+        qwen_t4()'s batch (8 prompts x G=8, micro-batches of 8, gradient checkpointing, 128 + 128 tokens) at a
+        learning rate 10x higher: a LoRA update B A starts at zero and is scaled by alpha / r, so it wants
+        roughly 10-100x the full fine-tuning rate (1e-5 here; TRL's LoRA examples use 1e-5 to 1e-4; not swept).
+        Weights are the fp32 base (5.8 GiB) and the adapters (18.5M parameters at r=16, with their gradients
+        and AdamW moments 0.3 GiB); the reference is the base with the adapters off, no copy. Estimated peak
+        9-10 GiB: the weights plus ~3.5 GiB of KV cache, logits chunks and checkpointed activations (qwen_t4's
+        measured 0.5B figures scaled to 1.5B's shapes). Measure it with `python bench/memory.py --model
+        qwen1.5b-shape --preset lora-t4 --lora` (on a bf16 GPU add --fp32 to measure a T4's precision)."""
+        return cls.qwen_t4(**{"learning_rate": 1e-5, **overrides})
+
 
 # --- the batch, in TRL's terms -------------------------------------------------------------------
 BATCH_FIELDS = ("prompts_per_step", "generation_batch_size", "steps_per_generation", "gradient_accumulation_steps")

@@ -16,6 +16,12 @@ where autocast runs in bf16.
 
 Pitfall: ``torch.cuda.is_bf16_supported()`` counts *emulated* bf16 by default
 and says True on a T4; ``native_bf16`` asks for native support only.
+
+LoRA (Hu et al., arXiv 2106.09685) through PEFT: ``add_adapters`` wraps the
+policy so that each targeted weight W (out x in) becomes W + (alpha / r) B A
+with A (r x in) and B (out x r) trained and W frozen. The reference policy is
+then the same model with its adapters switched off (``AdaptersDisabled``): the
+KL term needs no second copy of the weights.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from minigrpo.tokenization import build_tiny_tokenizer, load_tokenizer  # noqa: 
 
 TINY_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-qwen"
 QWEN_MODEL_ID = "Qwen/Qwen2.5-0.5B-Instruct"
+QWEN_1_5B_MODEL_ID = "Qwen/Qwen2.5-1.5B-Instruct"  # with LoRA on a T4: GRPOConfig.qwen1_5b_lora_t4()
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
 
 
 # --- device and precision -----------------------------------------------------------
@@ -126,12 +134,19 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2
 
 # --- loading ------------------------------------------------------------------------
 def load_model_and_tokenizer(
-    name: str = "tiny", device: torch.device | str | None = None
+    name: str = "tiny", device: torch.device | str | None = None, load_in_4bit: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Load a causal LM and its tokenizer, in fp32, on `device` (default: pick_device()).
 
     ``name``: "tiny" for the bundled tiny Qwen (offline), or a Hub id such as
     "Qwen/Qwen2.5-0.5B-Instruct", or a local directory written by save_pretrained.
+    A folder of LoRA adapters (it has adapter_config.json, as ``save_model(path)``
+    writes for a LoRA run) loads the base model it names, then the adapters on
+    top: a PeftModel whose adapters can be trained further.
+
+    ``load_in_4bit``: QLoRA (Dettmers et al., arXiv 2305.14314): the frozen base
+    weights in 4-bit NF4 through bitsandbytes, CUDA only; train it with a
+    ``peft_config`` (a 4-bit weight cannot be updated itself).
     """
     device = torch.device(device) if device is not None else pick_device()
     path = str(TINY_MODEL_DIR) if name == "tiny" else name
@@ -140,20 +155,156 @@ def load_model_and_tokenizer(
             f"the bundled tiny model is missing from {TINY_MODEL_DIR}: "
             "rebuild it with `python -m minigrpo pretrain-tiny`."
         )
+    if (Path(path) / ADAPTER_CONFIG_FILE).exists():
+        return load_adapters_and_tokenizer(path, device, load_in_4bit)
     tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if tokenizer.pad_token is None:  # some base models ship without one
         tokenizer.pad_token = tokenizer.eos_token
+    if load_in_4bit:
+        return load_4bit(path, device), tokenizer
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     return model.to(device), tokenizer
 
 
-def make_reference_model(model: PreTrainedModel, bf16: bool | None = None) -> PreTrainedModel:
+def load_adapters_and_tokenizer(folder: str, device: torch.device, load_in_4bit: bool = False):
+    """A folder of LoRA adapters -> (PeftModel on its base model, tokenizer). The base is the model that
+    adapter_config.json names (base_model_name_or_path); the tokenizer is the folder's own when it has one."""
+    from peft import PeftConfig, PeftModel
+
+    base_name = PeftConfig.from_pretrained(folder).base_model_name_or_path
+    if not base_name:
+        raise ValueError(
+            f"{folder}/{ADAPTER_CONFIG_FILE} names no base model (base_model_name_or_path is empty): set it to "
+            "the Hub id or folder of the model the adapters were trained on."
+        )
+    base, tokenizer = load_model_and_tokenizer(base_name, device, load_in_4bit)
+    if (Path(folder) / "tokenizer_config.json").exists():
+        tokenizer = load_tokenizer(folder)
+    return PeftModel.from_pretrained(base, folder, is_trainable=True), tokenizer
+
+
+def load_4bit(path: str, device: torch.device) -> PreTrainedModel:
+    """The base model in 4-bit NF4 with double quantization (QLoRA's recipe); matmuls in fp16 on a T4 / V100,
+    bf16 where the GPU has it natively. Norms stay fp32 and checkpointing is prepared (PEFT's
+    prepare_model_for_kbit_training). CUDA with bitsandbytes only: a clear error anywhere else."""
+    if device.type != "cuda":
+        raise ValueError(
+            f"load_in_4bit=True needs a CUDA GPU (bitsandbytes' 4-bit kernels), but the device is {device}: "
+            "on a CPU load the model in fp32 (load_in_4bit=False) and train it with a peft_config (LoRA)."
+        )
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise ImportError("load_in_4bit=True needs bitsandbytes: pip install bitsandbytes") from error
+    from peft import prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=autocast_dtype(device) or torch.float16,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization, device_map={"": device})
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # the trainer sets it
+
+
+# --- LoRA (PEFT) ----------------------------------------------------------------------
+# The seven linear layers of every Qwen2 decoder layer: what TRL's and Unsloth's GRPO notebooks adapt.
+LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def lora_config(r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0, target_modules=LORA_TARGET_MODULES):
+    """A peft.LoraConfig for a Qwen2 policy: rank r on the attention and MLP projections, scale alpha / r = 2.
+
+    r=16, alpha=32 are TRL's and Unsloth's usual values. Dropout is 0 on purpose: completions are sampled
+    without dropout, and a dropout mask in the update would score them under a slightly different policy.
+    """
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=r,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def is_peft_model(model) -> bool:
+    """True for a model wrapped with adapters by PEFT (a PeftModel)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def add_adapters(model: PreTrainedModel, peft_config, seed: int = 0) -> PreTrainedModel:
+    """The policy with LoRA adapters (peft.get_peft_model): only the adapters are trainable, the base is frozen.
+
+    A starts random (B at zero), drawn from a generator seeded with `seed` (GRPOConfig.seed) and
+    forked from the global one: the same adapters however much randomness was used before, which
+    an exact resume and a repeatable run need.
+
+    The output head must stay a plain Linear: the log-prob code multiplies hidden
+    states by its weight directly (minigrpo.logprobs.project_to_logps), which
+    would skip an adapter on it.
+    """
+    from peft import get_peft_model
+
+    if is_peft_model(model):
+        raise ValueError(
+            "the model already has PEFT adapters and a peft_config was given too: pass either the PeftModel "
+            "(peft_config=None) or the plain model with a peft_config."
+        )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        wrapped = get_peft_model(model, peft_config)
+    if type(wrapped.get_output_embeddings()) is not torch.nn.Linear:
+        raise ValueError(
+            "peft_config adapts the output head (lm_head): minigrpo computes log-probs from the head's weight "
+            "directly, which would skip the adapter. Remove lm_head from target_modules and modules_to_save."
+        )
+    return wrapped
+
+
+class AdaptersDisabled:
+    """pi_ref of a LoRA policy: the policy itself with its adapters switched off, W instead of W + (alpha/r) BA.
+
+    It stands where a frozen reference copy would (``sample_group_rollout(..., ref_model)``):
+    calling it runs the policy under ``disable_adapter()`` in eval mode. Everything else
+    (``get_output_embeddings``, ``forward``'s signature) is the policy's. It owns no weights:
+    the memory of a second model is saved.
+    """
+
+    def __init__(self, policy):
+        self.policy = policy
+
+    def __call__(self, *args, **kwargs):
+        was_training = self.policy.training
+        self.policy.eval()  # as the frozen copy: no dropout
+        try:
+            with self.policy.disable_adapter():
+                return self.policy(*args, **kwargs)
+        finally:
+            self.policy.train(was_training)
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+
+def make_reference_model(model: PreTrainedModel, bf16: bool | None = None) -> PreTrainedModel | AdaptersDisabled:
     """A frozen copy of the policy before training: pi_ref in the KL term.
 
-    Stored in bf16 where the GPU has native bf16 (it is never updated, and its
+    A LoRA policy (a PeftModel) needs no copy: its base weights are frozen, so
+    pi_ref is the same model with the adapters off (AdaptersDisabled).
+    Otherwise the copy is stored in bf16 where the GPU has native bf16 (it is never updated, and its
     forward passes run under bf16 autocast there anyway); fp32 on a T4 and the CPU.
     Always without activation checkpointing: it never runs a backward pass.
     """
+    if is_peft_model(model):
+        return AdaptersDisabled(model)
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
     set_gradient_checkpointing(reference, False)
@@ -170,7 +321,10 @@ def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
     training mode with gradients enabled, so `generate` and the no-grad
     reference / old log-prob passes run as without it. Non-reentrant
     checkpointing (use_reentrant=False) needs no `enable_input_require_grads`
-    for full fine-tuning (that is for frozen embeddings, e.g. LoRA).
+    for full fine-tuning. With frozen embeddings (LoRA) it is switched on all the
+    same, as PEFT and TRL do: the embeddings' output then requires grad, which
+    reentrant checkpointing (any layer that a user's setting makes reentrant) needs
+    to send gradients into the layers at all.
     """
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
@@ -183,6 +337,8 @@ def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
         if getattr(model, name):
             disable()
         return
+    if not model.get_input_embeddings().weight.requires_grad:  # frozen embeddings (LoRA)
+        model.enable_input_require_grads()
     kwargs = {"use_reentrant": False}
     if "activation_checkpointing_kwargs" in inspect.signature(enable).parameters:
         enable(activation_checkpointing_kwargs=kwargs)

@@ -42,7 +42,7 @@ from torch import nn
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import batched_per_token_logps, completion_position_ids, masked_mean, per_token_logps
 from minigrpo.losses import kl_penalty
-from minigrpo.models import precision_context
+from minigrpo.models import is_peft_model, precision_context
 from minigrpo.rollout import Rollout
 from minigrpo.trainer import Trainer, micro_batches, resolve_model_and_tokenizer
 from minigrpo.trl_compat import refuse_unknown_fields
@@ -201,10 +201,26 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     @classmethod
-    def from_policy(cls, policy) -> ValueModel:
-        """A trainable copy of `policy.base_model` (the decoder without lm_head) + Linear(hidden, 1)."""
+    def from_policy(cls, policy, peft_config=None, seed: int = 0) -> ValueModel:
+        """A trainable copy of `policy.base_model` (the decoder without lm_head) + Linear(hidden, 1).
+
+        With a peft_config (a LoRA policy) the copy is frozen and gets its own adapters of the same
+        config; the value head is trained in full. A critic trained in full would bring back the
+        gradients and AdamW moments of a whole model, the memory LoRA saves on the policy; its
+        frozen copy of the weights remains (its hidden states must differ from the policy's).
+        Its adapters are drawn from a generator seeded with `seed`, as the policy's (models.add_adapters).
+        """
         backbone = copy.deepcopy(policy.base_model)
-        backbone.requires_grad_(True)
+        if peft_config is None:
+            backbone.requires_grad_(True)
+        else:
+            from peft import inject_adapter_in_model
+
+            config = copy.deepcopy(peft_config)
+            config.task_type = None  # the decoder alone, not a causal LM: plain injection, no PeftModel wrapper
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                backbone = inject_adapter_in_model(config, backbone)  # only the adapters stay trainable
         return cls(backbone, policy.config.hidden_size).to(next(policy.parameters()).device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
@@ -309,7 +325,8 @@ class PPOTrainer(Trainer):
 
     The critic is a fourth model (`self.critic`), checkpointed next to the
     policy in checkpoint-N/critic/. The signature is GRPOTrainer's (TRL's order), plus keyword-only
-    ``ref_model`` and ``critic``.
+    ``ref_model``, ``peft_config`` and ``critic``. With a ``peft_config`` the policy trains LoRA adapters
+    and so does the critic built for it (its own adapters on its own frozen copy; its head in full).
     """
 
     config_class = PPOConfig
@@ -324,6 +341,7 @@ class PPOTrainer(Trainer):
         processing_class=None,
         *,
         ref_model=None,
+        peft_config=None,
         critic: ValueModel | None = None,
     ):
         if args is not None and not isinstance(args, PPOConfig):
@@ -332,9 +350,26 @@ class PPOTrainer(Trainer):
                 "PPOConfig.from_config(grpo_config)."
             )
         model, processing_class = resolve_model_and_tokenizer(model, processing_class)
-        self.critic = critic if critic is not None else ValueModel.from_policy(model)  # before the optimizer exists
+        if critic is None and is_peft_model(model):
+            raise ValueError(
+                "PPOTrainer builds its critic from the plain policy: pass the model without adapters and the "
+                "LoRA config as peft_config=..., or pass your own critic=ValueModel(...)."
+            )
+        # before the optimizer exists, and from the policy before it has adapters
+        self.critic = (
+            critic if critic is not None else ValueModel.from_policy(model, peft_config, (args or PPOConfig()).seed)
+        )
         self.critic.train()
-        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ref_model=ref_model)
+        super().__init__(
+            model,
+            reward_funcs,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            ref_model=ref_model,
+            peft_config=peft_config,
+        )
 
     def trainable_modules(self) -> dict[str, nn.Module]:
         return {**super().trainable_modules(), "critic": self.critic}

@@ -11,6 +11,7 @@ micro-batches with gradient accumulation, and checkpoints (written and read by
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -35,8 +36,10 @@ from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
+    add_adapters,
     check_bf16_request,
     disable_dropout,
+    is_peft_model,
     load_model_and_tokenizer,
     make_reference_model,
     precision_context,
@@ -154,6 +157,10 @@ class Trainer:
     positional order included, so a TRL script runs with only its import line changed. ``model`` is a
     model or a name ("tiny", a Hub id, a local folder) loaded with ``load_model_and_tokenizer``;
     ``processing_class`` (the tokenizer) defaults to that model's own. minigrpo's extras are keyword-only.
+
+    ``peft_config`` (TRL's name; a ``peft.LoraConfig``, see ``models.lora_config``) wraps the policy with
+    LoRA adapters: only they are trained, and with beta > 0 the reference is the same model with its
+    adapters switched off, so no reference copy is built. An explicit ``ref_model`` still wins.
     """
 
     config_class = GRPOConfig
@@ -168,9 +175,14 @@ class Trainer:
         processing_class: PreTrainedTokenizerBase | None = None,
         *,
         ref_model: PreTrainedModel | None = None,
+        peft_config=None,
     ):
         self.config = args if args is not None else self.config_class()
         self.model, self.tokenizer = resolve_model_and_tokenizer(model, processing_class)
+        if peft_config is not None:
+            self.model = add_adapters(self.model, peft_config, self.config.seed)
+        if getattr(self.model, "is_loaded_in_4bit", False) and not is_peft_model(self.model):
+            raise ValueError("a 4-bit model cannot be updated itself: pass a peft_config (QLoRA trains adapters).")
         self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
         if train_dataset is None:
             raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
@@ -583,10 +595,19 @@ class Trainer:
             group["weight_decay"] = self.config.weight_decay
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reports
 
-    def save_model(self, path: str | Path | None = None) -> Path:
-        """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path)."""
+    def save_model(self, path: str | Path | None = None, merged: bool = False) -> Path:
+        """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path).
+
+        A LoRA policy writes its adapters only (adapter_config.json + adapter_model.safetensors, megabytes),
+        which load on top of the base model they name; ``merged=True`` writes the base model with the
+        adapters merged into its weights instead (W + (alpha/r) BA: a plain model, as large as the base).
+        The merge runs on a copy, so training can go on with the adapters as they were.
+        """
         path = Path(path) if path is not None else self.output_dir / "final"
-        self.model.save_pretrained(path)
+        if merged and is_peft_model(self.model):
+            copy.deepcopy(self.model).merge_and_unload().save_pretrained(path)
+        else:
+            self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path
 
