@@ -26,6 +26,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,10 +54,11 @@ def set_rng_state(state: dict) -> None:
 
 
 # --- one module's weights ---------------------------------------------------------------
-def save_module(module: torch.nn.Module, folder: Path) -> None:
-    """A transformers model through save_pretrained (config included); any other module as model.safetensors."""
+def save_module(module: torch.nn.Module, folder: Path, state_dict: dict | None = None) -> None:
+    """A transformers model through save_pretrained (config included); any other module as model.safetensors.
+    state_dict: the weights to write when the module's own are not whole tensors (a sharded policy)."""
     if hasattr(module, "save_pretrained"):
-        module.save_pretrained(folder)
+        module.save_pretrained(folder, state_dict=state_dict)
         return
     folder.mkdir(parents=True, exist_ok=True)
     save_model(module, str(folder / "model.safetensors"))
@@ -69,15 +71,21 @@ def load_module(module: torch.nn.Module, folder: Path) -> None:
     (Qwen2.5-0.5B ties them), so that one key may be missing; anything else
     missing or unexpected means the checkpoint belongs to another model.
     """
-    state = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(file, device=str(next(module.parameters()).device)))
+    state = read_weights(folder, device=str(next(module.parameters()).device))
     missing, unexpected = module.load_state_dict(state, strict=False)
     tied = {name for name in missing if name.endswith("lm_head.weight")}
     if unexpected or set(missing) - tied:
         raise RuntimeError(
             f"checkpoint in {folder} does not match the model: missing {missing}, unexpected {unexpected}"
         )
+
+
+def read_weights(folder: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Every *.safetensors file of `folder`, as one state dict."""
+    state = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(file, device=device))
+    return state
 
 
 # --- finding and rotating checkpoints ------------------------------------------------------
@@ -118,11 +126,14 @@ def save_checkpoint(
     sampler_state: dict,
     rng: dict,
     history: list[dict],
+    full_states: tuple[dict, dict] | None = None,
 ) -> Path:
     """Write output_dir/checkpoint-{step} atomically (a temporary folder renamed at the end); returns its path.
 
     `modules` maps a name to a trained module: "model" (the policy) goes to the
     folder itself, any other name to a subfolder of that name.
+    full_states: (policy weights, optimizer state) gathered from a sharded (FSDP2)
+    policy, written instead of the module's and optimizer's own state dicts.
     """
     output_dir = Path(output_dir)
     final = output_dir / f"checkpoint-{step}"
@@ -130,11 +141,12 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, module in modules.items():
-        save_module(module, tmp if name == "model" else tmp / name)
+        weights = full_states[0] if full_states is not None and name == "model" else None
+        save_module(module, tmp if name == "model" else tmp / name, weights)
     tokenizer.save_pretrained(tmp)
     state = {
         "step": step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": full_states[1] if full_states is not None else optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "sampler": sampler_state,
         "rng": rng,
@@ -151,8 +163,12 @@ def load_checkpoint(
     modules: dict[str, torch.nn.Module],
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    load_full_states: Callable[[dict, dict], None] | None = None,
 ) -> dict:
     """Restore the modules, optimizer and scheduler in place from a checkpoint-N folder.
+
+    load_full_states(weights, optimizer_state): how a sharded (FSDP2) policy takes
+    the whole-tensor states of the checkpoint, instead of load_state_dict.
 
     Returns what the caller owns: {"step", "sampler" (state dict), "rng"
     (for set_rng_state), "history" (list of metric dicts)}.
@@ -160,10 +176,13 @@ def load_checkpoint(
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise FileNotFoundError(f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder.")
-    for name, module in modules.items():
-        load_module(module, path if name == "model" else path / name)
     state = torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
-    optimizer.load_state_dict(state["optimizer"])
+    if load_full_states is not None:
+        load_full_states(read_weights(path), state["optimizer"])
+    else:
+        for name, module in modules.items():
+            load_module(module, path if name == "model" else path / name)
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     history = json.loads((path / HISTORY_FILE).read_text())["history"]
     return {"step": state["step"], "sampler": state["sampler"], "rng": state["rng"], "history": history}

@@ -21,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from minigrpo import checkpoints
+from minigrpo import checkpoints, distributed
 from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
 from minigrpo.checkpoints import HISTORY_FILE, STATE_FILE, latest_checkpoint  # noqa: F401 (re-exported)
 from minigrpo.config import GRPOConfig
@@ -36,7 +36,6 @@ from minigrpo.models import (
 from minigrpo.rewards import compute_rewards, reward_func_name
 from minigrpo.rollout import (
     Rollout,
-    completion_logps,
     completion_mask_from_eos,
     eos_token_ids,
     generate_completions,
@@ -98,9 +97,11 @@ def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> l
 
 
 def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
-    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean."""
+    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean.
+    Under torchrun every rank must call it: the prompts are shared out and the completions gathered."""
     prompts = list(dataset["prompt"])
-    completions = greedy_completions(model, tokenizer, prompts, config)
+    # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
+    completions = distributed.map_shards(lambda part: greedy_completions(model, tokenizer, part, config), prompts)
     columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
     rewards_per_func, rewards = compute_rewards(
         reward_funcs, prompts, completions, [[] for _ in completions], columns, config.reward_weights
@@ -138,6 +139,8 @@ class Trainer:
     """
 
     config_class = GRPOConfig
+    supports_distributed = False
+    """Whether the update runs under torchrun (its gradients synchronised over the processes)."""
 
     def __init__(
         self,
@@ -151,7 +154,9 @@ class Trainer:
         ref_model: PreTrainedModel | None = None,
     ):
         self.config = args if args is not None else self.config_class()
+        distributed.init_from_environment()  # under torchrun: join the process group (before loading a model)
         self.model, self.tokenizer = resolve_model_and_tokenizer(model, processing_class)
+        self.model = distributed.local_device(self.model)
         self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
         if train_dataset is None:
             raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
@@ -164,6 +169,8 @@ class Trainer:
             self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model)
         else:
             self.ref_model = None  # beta == 0: no KL term, no reference model in memory
+        # The update's forward pass: in DDP (or sharded by FSDP2) under torchrun, plain otherwise.
+        self.policy = distributed.wrap_policy(self.model, self.config)
         self.optimizer = torch.optim.AdamW(
             self.optimizer_param_groups(),
             lr=self.config.learning_rate,
@@ -179,6 +186,10 @@ class Trainer:
         self.step = 0
         self.history: list[dict] = []
         self.output_dir = Path(self.config.output_dir)
+
+    @property
+    def _sharded(self) -> bool:
+        return distributed.is_sharded(self.model)
 
     @property
     def args(self) -> GRPOConfig:
@@ -210,6 +221,13 @@ class Trainer:
     # --- checks that fail at once ---------------------------------------------------
     def _check_inputs(self) -> None:
         config = self.config
+        if distributed.is_distributed():
+            if not self.supports_distributed:
+                raise NotImplementedError(
+                    f"{type(self).__name__} does not run under torchrun: only GRPOTrainer synchronises its update "
+                    "over processes. Run it in one process (python, not torchrun)."
+                )
+            distributed.check_config(config)
         if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
             raise ValueError(
                 "reward_funcs must be one or more functions f(prompts, completions, completion_ids, **kw)."
@@ -265,6 +283,7 @@ class Trainer:
             desc=type(self).__name__.removesuffix("Trainer"),
             unit="step",
             dynamic_ncols=True,
+            disable=not distributed.is_main_process(),
         )
         while self.step < self.config.max_steps:
             metrics = self._guarded_step()
@@ -282,10 +301,12 @@ class Trainer:
     def _clear_previous_run(self) -> None:
         """A fresh run owns its output_dir: an earlier run's metrics and checkpoints would otherwise be
         resumed from (resume picks the highest step) or keep this run's newer checkpoints from rotating."""
-        (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
-        removed = checkpoints.remove_checkpoints(self.output_dir)
-        if removed:
-            print(f"new run in {self.output_dir}: removed {removed} checkpoint(s) of an earlier run")
+        if distributed.is_main_process():
+            (self.output_dir / METRICS_FILE).unlink(missing_ok=True)
+            removed = checkpoints.remove_checkpoints(self.output_dir)
+            if removed:
+                print(f"new run in {self.output_dir}: removed {removed} checkpoint(s) of an earlier run")
+        distributed.barrier()
 
     def _due(self, every: int) -> bool:
         return self.step == self.config.max_steps or (every > 0 and self.step % every == 0)
@@ -297,9 +318,9 @@ class Trainer:
         steps_before = self.optimizer_steps
         try:
             return self.training_step()
-        except BaseException:
+        except BaseException as error:
             weights_changed = self.optimizer_steps != steps_before  # then the start state no longer fits them
-            if not weights_changed and self.step > 0:
+            if not weights_changed and self.step > 0 and distributed.stopped_together(error):
                 path = self.save_checkpoint(rng_state=start["rng"], sampler_state=start["sampler"])
                 print(
                     f"\nstep {self.step + 1} failed: the state after step {self.step} is saved in {path}; "
@@ -310,19 +331,26 @@ class Trainer:
     def training_step(self) -> dict:
         """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
         started = time.perf_counter()
-        rollout, rewards, metrics = self.collect_rollout()
+        with distributed.fail_together("the rollout"):  # a rank that fails here stops every rank
+            rollout, rewards, metrics = self.collect_rollout()
         updated = time.perf_counter()
         metrics.update(self.optimize(rollout, rewards))
         metrics["time/update"] = time.perf_counter() - updated
         metrics["step_time"] = time.perf_counter() - started
-        return metrics
+        return distributed.reduce_metrics(metrics)  # this rank's -> the step's (means over ranks)
 
     def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics."""
+        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics.
+        Under torchrun: this rank's B/K prompts, each group sampled from its own seed (minigrpo.distributed)."""
         config = self.config
-        batch = self.train_dataset[self.sampler.next_indices(config.prompts_per_step)]
+        indices, group_seeds = distributed.local_groups(
+            self.sampler.next_indices(config.prompts_per_step), config.seed, self.step
+        )
+        batch = self.train_dataset[indices]
         started = time.perf_counter()
-        rollout = sample_group_rollout(self.model, self.tokenizer, batch["prompt"], config, self.ref_model)
+        rollout = sample_group_rollout(
+            self.model, self.tokenizer, batch["prompt"], config, self.ref_model, group_seeds=group_seeds
+        )
         scored = time.perf_counter()
         columns = {k: repeat_for_group(v, config.num_generations) for k, v in batch.items() if k != "prompt"}
         rewards_per_func, rewards = compute_rewards(
@@ -348,6 +376,8 @@ class Trainer:
     def _log(self, metrics: dict) -> None:
         metrics = {"step": self.step, **metrics}
         self.history.append(metrics)
+        if not distributed.is_main_process():
+            return
         self.output_dir.mkdir(parents=True, exist_ok=True)
         with open(self.output_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(metrics) + "\n")
@@ -376,13 +406,17 @@ class Trainer:
         the micro-batch losses add up to the step's loss. Metrics are averaged
         over micro-batches. Then: clip the gradient norm, step, advance the
         schedule. Returns the metrics with grad_norm and learning_rate.
+        Under torchrun the gradients are averaged over the processes after the
+        last micro-batch's backward (the others accumulate locally).
         """
-        accumulation = self.config.gradient_accumulation_steps
+        batches = micro_batches(num_rows, self.config.per_device_train_batch_size)
+        accumulation = len(batches)  # N / per_device_train_batch_size, or N/K per process under torchrun
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in micro_batches(num_rows, self.config.per_device_train_batch_size):
-            loss, metrics = micro_batch_loss(rows)
-            (loss if loss_spans_step else loss / accumulation).backward()
+        for i, rows in enumerate(batches):
+            with distributed.gradient_sync(self.policy, enabled=i == accumulation - 1):
+                loss, metrics = micro_batch_loss(rows)
+                (loss if loss_spans_step else loss / accumulation).backward()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value / accumulation
         if loss_spans_step:
@@ -398,7 +432,7 @@ class Trainer:
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         self.optimizer.step()
-        return norm.item()
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
 
     # --- checkpoints (minigrpo.checkpoints does the work) -------------------------------
     def trainable_modules(self) -> dict[str, torch.nn.Module]:
@@ -410,36 +444,55 @@ class Trainer:
 
         rng_state / sampler_state: the state to resume from, when it is not the
         current one (a failed step saves the state it started from).
+        Under torchrun every rank calls it and rank 0 writes (every rank holds the same weights and optimizer
+        state, and draws the same prompts); the others wait until the folder is complete.
         """
-        path = checkpoints.save_checkpoint(
-            self.output_dir,
-            self.step,
-            self.trainable_modules(),
-            self.tokenizer,
-            self.optimizer,
-            self.scheduler,
-            sampler_state or self.sampler.state_dict(),
-            rng_state or checkpoints.rng_state(),
-            self.history,
-        )
-        checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+        path = self.output_dir / f"checkpoint-{self.step}"
+        # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
+        full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
+        if distributed.is_main_process():
+            path = checkpoints.save_checkpoint(
+                self.output_dir,
+                self.step,
+                self.trainable_modules(),
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+                sampler_state or self.sampler.state_dict(),
+                rng_state or checkpoints.rng_state(),
+                self.history,
+                full_states,
+            )
+            checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+        distributed.barrier()
         return path
 
     def load_checkpoint(self, path: str | Path) -> None:
-        """Restore model(s), optimizer, scheduler, RNG, data position and metric history."""
-        state = checkpoints.load_checkpoint(path, self.trainable_modules(), self.optimizer, self.scheduler)
+        """Restore model(s), optimizer, scheduler, RNG, data position and metric history (on every rank)."""
+        load_full_states = None
+        if self._sharded:  # FSDP2: every rank reads the whole states and keeps its shards
+            load_full_states = lambda weights, optimizer_state: distributed.load_full_state_dicts(  # noqa: E731
+                self.model, self.optimizer, tie_weights(self.model, weights), optimizer_state
+            )
+        state = checkpoints.load_checkpoint(
+            path, self.trainable_modules(), self.optimizer, self.scheduler, load_full_states
+        )
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
-        with open(self.output_dir / METRICS_FILE, "w") as f:  # drop lines logged after the checkpoint
-            f.writelines(json.dumps(m) + "\n" for m in self.history)
-        print(f"resumed from {path} at step {self.step}")
+        if distributed.is_main_process():
+            with open(self.output_dir / METRICS_FILE, "w") as f:  # drop lines logged after the checkpoint
+                f.writelines(json.dumps(m) + "\n" for m in self.history)
+            print(f"resumed from {path} at step {self.step}")
 
     def save_model(self, path: str | Path | None = None) -> Path:
         """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path)."""
         path = Path(path) if path is not None else self.output_dir / "final"
-        self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        weights = distributed.full_state_dicts(self.model, self.optimizer)[0] if self._sharded else None
+        if distributed.is_main_process():  # under torchrun: every rank calls it, rank 0 writes
+            self.model.save_pretrained(path, state_dict=weights)
+            self.tokenizer.save_pretrained(path)
+        distributed.barrier()
         return path
 
 
@@ -453,7 +506,11 @@ class GRPOTrainer(Trainer):
                              processing_class=tokenizer)
         # or, as in TRL: GRPOTrainer(model="tiny", reward_funcs=..., args=..., train_dataset=...)
         history = trainer.train()
+
+    Under ``torchrun --nproc-per-node K`` the same code trains data-parallel (minigrpo.distributed).
     """
+
+    supports_distributed = True
 
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         config = self.config
@@ -470,11 +527,12 @@ class GRPOTrainer(Trainer):
     def update_policy(self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor) -> dict:
         """One optimisation pass over the rollout: the GRPO loss of each micro-batch, one optimizer step."""
         config = self.config
-        num_items_in_batch = int(loss_mask.sum())  # dapo's normaliser: tokens in the whole step
+        # dapo's normaliser: tokens in the whole step (under torchrun: all ranks' tokens / K, see step_token_count)
+        num_items_in_batch = distributed.step_token_count(loss_mask)
 
         def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
             with precision_context(self.device):
-                logps, entropy = completion_logps(self.model, rollout, config, rows)  # (n, T), (n, T)
+                logps, entropy = self.policy(rollout, rows)  # (n, T), (n, T): completion_logps, in DDP if any
             loss, metrics = grpo_loss(
                 logps,
                 None if rollout.old_per_token_logps is None else rollout.old_per_token_logps[rows],
@@ -523,6 +581,13 @@ def completion_metrics(rollout: Rollout) -> dict:
 def _nanstd(values: torch.Tensor) -> float:
     values = values[~values.isnan()]
     return values.std().item() if values.numel() > 1 else 0.0
+
+
+def tie_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """save_pretrained leaves out lm_head.weight when it is tied to the input embeddings; put it back."""
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights
 
 
 def micro_batches(num_rows: int, size: int) -> list[slice]:
