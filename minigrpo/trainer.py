@@ -322,7 +322,8 @@ class Trainer:
             weights_changed = self.optimizer_steps != steps_before  # then the start state no longer fits them
             if not weights_changed and self.step > 0 and distributed.stopped_together(error):
                 path = self.save_checkpoint(rng_state=start["rng"], sampler_state=start["sampler"])
-                print(
+                print_main = print if distributed.is_main_process() else lambda *_: None
+                print_main(
                     f"\nstep {self.step + 1} failed: the state after step {self.step} is saved in {path}; "
                     "resume with --resume (or train(resume_from_checkpoint=True))."
                 )
