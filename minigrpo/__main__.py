@@ -5,6 +5,7 @@ python -m minigrpo train --max-steps 20 --beta 0 --loss-type dapo
 python -m minigrpo train --resume             # continue from the last checkpoint
 python -m minigrpo eval --model runs/minigrpo/final
 python -m minigrpo pretrain-tiny              # rebuild the bundled tiny Qwen
+torchrun --nproc-per-node 2 -m minigrpo train # data-parallel on 2 processes (GPUs, or CPU with gloo)
 
 A mistake in the command (a missing model folder, an output folder that is a
 file, --max-steps 0) is reported on one line before any model is loaded, and
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from minigrpo.checkpoints import CheckpointError
 from minigrpo.config import GRPOConfig
+from minigrpo.distributed import RankFailedError
 from minigrpo.rewards import RewardFunctionError
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
@@ -167,6 +169,7 @@ def make_config(model_name: str, overrides: dict) -> GRPOConfig:
 
 
 def run_train(args: argparse.Namespace) -> None:
+    from minigrpo import distributed
     from minigrpo.models import default_model_name
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer, evaluate_model
@@ -177,12 +180,15 @@ def run_train(args: argparse.Namespace) -> None:
     check_positive("--max-steps", config.max_steps, "training needs at least one step")
     check_positive("--eval-size", args.eval_size, "accuracy needs at least one held-out problem")
     check_output_dir(config.output_dir)
+    distributed.init_from_environment()  # under torchrun: join the process group (and pick this rank's GPU)
+    say = print if distributed.is_main_process() else lambda *_: None  # one copy of each line, from rank 0
     model, tokenizer = load_checked(model_name)
     train_data = make_arithmetic_dataset(TRAIN_PROMPTS, "train", seed=config.seed)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=0)
     reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
-    print(
-        f"model {model_name} on {next(model.parameters()).device}; {config.max_steps} steps of "
+    processes = f" on {distributed.world_size()} processes" if distributed.is_distributed() else ""
+    say(
+        f"model {model_name} on {next(model.parameters()).device}{processes}; {config.max_steps} steps of "
         f"{config.prompts_per_step} prompts x G={config.num_generations}; output in {config.output_dir}"
     )
     before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval/accuracy"]
@@ -195,8 +201,9 @@ def run_train(args: argparse.Namespace) -> None:
     after = next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), None)
     if after is None:  # nothing evaluated in this run (e.g. resumed at max_steps): evaluate now
         after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval/accuracy"]
-    print(f"trained in {time.perf_counter() - started:.0f}s; model saved to {final}")
-    print(f"accuracy before: {before:.3f} after: {after:.3f}")
+    say(f"trained in {time.perf_counter() - started:.0f}s; model saved to {final}")
+    say(f"accuracy before: {before:.3f} after: {after:.3f}")
+    distributed.teardown()
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -238,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             run_pretrain(args)
         elif args.command == "grade":
             return run_grade(args)
-    except (ValueError, OSError, RewardFunctionError, CheckpointError) as error:
+    except (ValueError, OSError, RewardFunctionError, CheckpointError, RankFailedError) as error:
         if args.debug:
             raise
         print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)

@@ -43,7 +43,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -159,10 +159,11 @@ def changed_run_fields(saved: dict, current: dict) -> list[str]:
 
 
 # --- one module's weights ---------------------------------------------------------------
-def save_module(module: torch.nn.Module, folder: Path) -> None:
-    """A transformers model through save_pretrained (config included); any other module as model.safetensors."""
+def save_module(module: torch.nn.Module, folder: Path, state_dict: dict | None = None) -> None:
+    """A transformers model through save_pretrained (config included); any other module as model.safetensors.
+    state_dict: the weights to write when the module's own are not whole tensors (a sharded FSDP2 policy)."""
     if hasattr(module, "save_pretrained"):
-        module.save_pretrained(folder)
+        module.save_pretrained(folder, state_dict=state_dict)
         return
     folder.mkdir(parents=True, exist_ok=True)
     save_model(module, str(folder / "model.safetensors"))
@@ -226,6 +227,14 @@ def _check_finite_weights(modules: dict[str, torch.nn.Module]) -> None:
                     f"{name}.{param_name} holds NaN or inf: the weights have diverged and are not saved. Resume "
                     "from an earlier checkpoint with a lower learning_rate."
                 )
+
+
+def read_weights(folder: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Every *.safetensors file of `folder`, as one state dict (unchecked)."""
+    state = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(file, device=device))
+    return state
 
 
 def read_adapter_state(model, folder: Path) -> dict[str, torch.Tensor]:
@@ -296,6 +305,7 @@ def save_checkpoint(
     rng: dict,
     history: list[dict],
     args: dict | None = None,
+    full_states: tuple[dict, dict] | None = None,
 ) -> Path:
     """Write output_dir/checkpoint-{step} atomically (a temporary folder renamed at the end); returns its path.
 
@@ -313,10 +323,11 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         for name, module in modules.items():
-            save_module(module, tmp if name == "model" else tmp / name)
+            weights = full_states[0] if full_states is not None and name == "model" else None
+            save_module(module, tmp if name == "model" else tmp / name, weights)
         tokenizer.save_pretrained(tmp)
         tensors = {
-            "optimizer": optimizer.state_dict(),
+            "optimizer": full_states[1] if full_states is not None else optimizer.state_dict(),
             # The schedule itself is code (a function of the step), not state: LambdaLR would store a callable's
             # __dict__ here and write it back into the function on load, so nothing is stored.
             "scheduler": {**scheduler.state_dict(), "lr_lambdas": None},
@@ -395,12 +406,20 @@ def apply_checkpoint(
     modules: dict[str, torch.nn.Module],
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    load_full_states: Callable[[dict, dict], None] | None = None,
 ) -> None:
-    """Load what read_checkpoint returned into the modules, optimizer and scheduler, in place."""
-    optimizer.load_state_dict(state["optimizer"])  # torch checks the groups' sizes before changing anything
+    """Load what read_checkpoint returned into the modules, optimizer and scheduler, in place.
+
+    load_full_states(weights, optimizer_state): how a sharded (FSDP2) policy takes the checkpoint's
+    whole-tensor states, instead of load_state_dict."""
+    if load_full_states is not None:
+        load_full_states(state["weights"]["model"], state["optimizer"])
+    else:
+        optimizer.load_state_dict(state["optimizer"])  # torch checks the groups' sizes before changing anything
     scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     for name, module in modules.items():
-        set_module_state(module, state["weights"][name])
+        if load_full_states is None or name != "model":
+            set_module_state(module, state["weights"][name])
 
 
 def load_checkpoint(
@@ -408,6 +427,7 @@ def load_checkpoint(
     modules: dict[str, torch.nn.Module],
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    load_full_states: Callable[[dict, dict], None] | None = None,
 ) -> dict:
     """Restore the modules, optimizer and scheduler in place from a checkpoint-N folder.
 
@@ -416,7 +436,7 @@ def load_checkpoint(
     read and checked first (read_checkpoint), so a broken checkpoint changes nothing.
     """
     state = read_checkpoint(path, modules)
-    apply_checkpoint(state, modules, optimizer, scheduler)
+    apply_checkpoint(state, modules, optimizer, scheduler, load_full_states)
     return {key: state[key] for key in ("step", "sampler", "rng", "history", "args")}
 
 

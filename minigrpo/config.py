@@ -149,6 +149,10 @@ class GRPOConfig:
     about 1/3 more compute for a fraction of the activation memory. For real models on small GPUs (qwen_t4).
     The update then runs each completion with its prompt (needs share_prompt_prefix=False: a KV cache
     cannot cross a checkpointed layer); generation and reference log-probs are unaffected."""
+    fsdp: bool = False
+    """Under torchrun: shard the policy over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead
+    of a whole copy per process in DDP. For a policy whose weights, gradients and AdamW moments do not fit one
+    GPU; slower (every forward gathers the weights). Ignored in one process."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
     max_steps: int = -1

@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import GenerationConfig
+from transformers import (
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from minigrpo.logprobs import (
     batched_per_token_logps,
@@ -159,24 +165,66 @@ def use_fast_generation(config, model) -> bool:
     return bool(config.fast_generation)
 
 
+class GroupSeededSampling(LogitsProcessor):
+    """Samples the G rows of each group from that group's own torch.Generator, for a `generate` run greedily.
+
+    The completions of group b then depend on its seed alone, not on which
+    other groups share the batch: data-parallel ranks holding different groups
+    sample exactly what one process holding them all would (minigrpo.distributed
+    derives the seeds from the step and the group's index). Temperature and
+    top-p are applied here, then the drawn token gets score 0 and every other
+    -inf, so greedy decoding picks it.
+    """
+
+    def __init__(self, group_seeds: list[int], num_generations: int, temperature: float, top_p: float, device):
+        self.generators = [torch.Generator(device).manual_seed(seed) for seed in group_seeds]
+        self.num_generations = num_generations
+        self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)  # (N, V)
+        probs = scores.float().softmax(dim=-1).view(len(self.generators), self.num_generations, -1)  # (B, G, V)
+        tokens = torch.cat(
+            [
+                torch.multinomial(group, 1, generator=generator)
+                for group, generator in zip(probs, self.generators, strict=True)
+            ]
+        )  # (N, 1)
+        return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)  # (N, V)
+
+
 @torch.no_grad()
 def generate_completions(
-    model, tokenizer, prompt_ids, prompt_mask, config, greedy: bool = False, num_generations: int = 1
+    model,
+    tokenizer,
+    prompt_ids,
+    prompt_mask,
+    config,
+    greedy: bool = False,
+    num_generations: int = 1,
+    group_seeds: list[int] | None = None,
 ) -> torch.Tensor:
     """model.generate with the KV cache -> completion ids (n, T), T <= max_completion_length.
 
     num_generations=G says the rows are G copies of each prompt (group-major);
     with config.share_prompt_prefix their prompt is then prefilled once per group.
+    group_seeds: one seed per group, to sample each group from its own generator
+    (GroupSeededSampling); None samples the whole batch from torch's global generator.
     """
     was_training = model.training
     model.eval()
     with precision_context(prompt_ids.device, getattr(config, "bf16", None)):
-        generation_config = generation_config_for(config, model, tokenizer, greedy)
-        cache = {}
+        generation_config = generation_config_for(config, model, tokenizer, greedy or group_seeds is not None)
+        options = {}
+        if group_seeds is not None and not greedy:
+            assert len(group_seeds) * num_generations == len(prompt_ids), "one seed per group of G rows"
+            sampler = GroupSeededSampling(group_seeds, num_generations, config.temperature, config.top_p, model.device)
+            options["logits_processor"] = LogitsProcessorList([sampler])
         if shares_prompt_prefix(config, num_generations) and generation_config.cache_implementation is None:
-            cache = {cache_argument(model): prefill_shared_prompts(model, prompt_ids, prompt_mask, num_generations)}
+            options[cache_argument(model)] = prefill_shared_prompts(model, prompt_ids, prompt_mask, num_generations)
         sequences = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **cache
+            input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=generation_config, **options
         )
     model.train(was_training)
     return sequences[:, prompt_ids.shape[1] :]  # (n, T)
@@ -236,9 +284,13 @@ def completion_logps(model, rollout: Rollout, config, rows: slice = slice(None))
     return per_token_logps(model, input_ids, attention_mask, T, config.temperature, config.logprob_chunk_size)
 
 
-def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None) -> Rollout:
+def sample_group_rollout(
+    model, tokenizer, prompts: list, config, ref_model=None, group_seeds: list[int] | None = None
+) -> Rollout:
     """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
 
+    group_seeds: B seeds, to sample each group from its own generator (see
+    GroupSeededSampling; used under torch.distributed); None: torch's global one.
     old log-probs are computed only when num_iterations > 1 (otherwise the
     current log-probs, detached, are pi_old exactly, and a forward pass is
     saved); reference log-probs only when beta > 0.
@@ -247,7 +299,13 @@ def sample_group_rollout(model, tokenizer, prompts: list, config, ref_model=None
     group_prompts = repeat_for_group(prompts, config.num_generations)
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, group_prompts, config.max_prompt_length, device)
     completion_ids = generate_completions(
-        model, tokenizer, prompt_ids, prompt_mask, config, num_generations=config.num_generations
+        model,
+        tokenizer,
+        prompt_ids,
+        prompt_mask,
+        config,
+        num_generations=config.num_generations,
+        group_seeds=group_seeds,
     )
     completion_mask, is_truncated = completion_mask_from_eos(completion_ids, eos_token_ids(model, tokenizer))
     rollout = Rollout(

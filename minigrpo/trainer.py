@@ -17,13 +17,14 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from minigrpo import checkpoints
+from minigrpo import checkpoints, distributed
 from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
 from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
     HISTORY_FILE,
@@ -48,7 +49,6 @@ from minigrpo.models import (
 from minigrpo.rewards import compute_rewards, reward_func_name
 from minigrpo.rollout import (
     Rollout,
-    completion_logps,
     completion_mask_from_eos,
     eos_token_ids,
     generate_completions,
@@ -114,9 +114,11 @@ def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> l
 
 
 def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
-    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean."""
+    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean.
+    Under torchrun every rank must call it: the prompts are shared out and the completions gathered."""
     prompts = list(dataset["prompt"])
-    completions = greedy_completions(model, tokenizer, prompts, config)
+    # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
+    completions = distributed.map_shards(lambda part: greedy_completions(model, tokenizer, part, config), prompts)
     columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
     rewards_per_func, rewards = compute_rewards(
         reward_funcs,
@@ -164,6 +166,8 @@ class Trainer:
     """
 
     config_class = GRPOConfig
+    supports_distributed = False
+    """Whether the update runs under torchrun (its gradients synchronised over the processes)."""
 
     def __init__(
         self,
@@ -178,11 +182,13 @@ class Trainer:
         peft_config=None,
     ):
         self.config = args if args is not None else self.config_class()
+        distributed.init_from_environment()  # under torchrun: join the process group (before loading a model)
         self.model, self.tokenizer = resolve_model_and_tokenizer(model, processing_class)
         if peft_config is not None:
             self.model = add_adapters(self.model, peft_config, self.config.seed)
         if getattr(self.model, "is_loaded_in_4bit", False) and not is_peft_model(self.model):
             raise ValueError("a 4-bit model cannot be updated itself: pass a peft_config (QLoRA trains adapters).")
+        self.model = distributed.local_device(self.model)
         self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
         if train_dataset is None:
             raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
@@ -198,6 +204,8 @@ class Trainer:
             self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model, self.config.bf16)
         else:
             self.ref_model = None  # beta == 0: no KL term, no reference model in memory
+        # The update's forward pass: in DDP (or sharded by FSDP2) under torchrun, plain otherwise.
+        self.policy = distributed.wrap_policy(self.model, self.config)
         self.optimizer = torch.optim.AdamW(
             self.optimizer_param_groups(),
             lr=self.config.learning_rate,
@@ -220,6 +228,10 @@ class Trainer:
     def metrics_path(self) -> Path:
         """<logging_dir or output_dir>/metrics.jsonl: one JSON line per logged step."""
         return Path(self.config.logging_dir or self.config.output_dir) / METRICS_FILE
+
+    @property
+    def _sharded(self) -> bool:
+        return distributed.is_sharded(self.model)
 
     @property
     def args(self) -> GRPOConfig:
@@ -251,6 +263,13 @@ class Trainer:
     # --- checks that fail at once ---------------------------------------------------
     def _check_inputs(self) -> None:
         config = self.config
+        if distributed.is_distributed():
+            if not self.supports_distributed:
+                raise NotImplementedError(
+                    f"{type(self).__name__} does not run under torchrun: only GRPOTrainer synchronises its update "
+                    "over processes. Run it in one process (python, not torchrun)."
+                )
+            distributed.check_config(config)
         if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
             raise ValueError(
                 "reward_funcs must be one or more functions f(prompts, completions, completion_ids, **kw)."
@@ -297,7 +316,9 @@ class Trainer:
         Without resume, an output_dir holding an earlier run is refused unless config.overwrite_output_dir.
         output_dir is locked while training: a second trainer on it gets an error.
         """
-        with checkpoints.output_dir_lock(self.output_dir):
+        # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
+        lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
+        with lock:
             self._begin(resume_from_checkpoint, allow_config_change)
             return self._train_loop()
 
@@ -323,9 +344,11 @@ class Trainer:
 
     def _start_fresh(self, replace: bool) -> None:
         """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
-        checkpoints.claim_output_dir(self.output_dir, replace)
-        if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir: start its file afresh
-            self.metrics_path.unlink(missing_ok=True)
+        if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
+            checkpoints.claim_output_dir(self.output_dir, replace)
+            if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir: start its file afresh
+                self.metrics_path.unlink(missing_ok=True)
+        distributed.barrier()
         random.seed(self.config.seed)
         torch.manual_seed(self.config.seed)
 
@@ -337,6 +360,7 @@ class Trainer:
             desc=type(self).__name__.removesuffix("Trainer"),
             unit="step",
             dynamic_ncols=True,
+            disable=not distributed.is_main_process(),
         )
         self._window: list[dict] = []  # metrics of the generations since the last logged step
         while self.step < self.max_steps:
@@ -366,9 +390,9 @@ class Trainer:
         steps_before = self.optimizer_steps
         try:
             return self.training_step()
-        except BaseException:
+        except BaseException as error:
             weights_changed = self.optimizer_steps != steps_before  # then the start state no longer fits them
-            if not weights_changed and self.step > 0:
+            if not weights_changed and self.step > 0 and distributed.stopped_together(error):
                 self._save_after_failure(f"step {self.step + 1}", start["rng"], start["sampler"])
             raise
 
@@ -415,19 +439,26 @@ class Trainer:
     def training_step(self) -> dict:
         """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
         started = time.perf_counter()
-        rollout, rewards, metrics = self.collect_rollout()
+        with distributed.fail_together("the rollout"):  # a rank that fails here stops every rank
+            rollout, rewards, metrics = self.collect_rollout()
         updated = time.perf_counter()
         metrics.update(self.optimize(rollout, rewards))
         metrics["time/update"] = time.perf_counter() - updated
         metrics["step_time"] = time.perf_counter() - started
-        return metrics
+        return distributed.reduce_metrics(metrics)  # this rank's -> the step's (means over ranks)
 
     def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics."""
+        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics.
+        Under torchrun: this rank's B/K prompts, each group sampled from its own seed (minigrpo.distributed)."""
         config = self.config
-        batch = self.train_dataset[self.sampler.next_indices(config.prompts_per_step)]
+        indices, group_seeds = distributed.local_groups(
+            self.sampler.next_indices(config.prompts_per_step), config.seed, self.step
+        )
+        batch = self.train_dataset[indices]
         started = time.perf_counter()
-        rollout = sample_group_rollout(self.model, self.tokenizer, batch["prompt"], config, self.ref_model)
+        rollout = sample_group_rollout(
+            self.model, self.tokenizer, batch["prompt"], config, self.ref_model, group_seeds=group_seeds
+        )
         scored = time.perf_counter()
         columns = {k: repeat_for_group(v, config.num_generations) for k, v in batch.items() if k != "prompt"}
         rewards_per_func, rewards = compute_rewards(
@@ -455,6 +486,8 @@ class Trainer:
         epoch = self.sampler.epoch + self.sampler.position / self.sampler.dataset_size
         metrics = {"step": self.step, "epoch": round(epoch, 4), **metrics}
         self.history.append(metrics)
+        if not distributed.is_main_process():
+            return
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a") as f:
             f.write(checkpoints.dumps(metrics) + "\n")  # valid JSON: a NaN metric is written as null
@@ -483,15 +516,18 @@ class Trainer:
         the micro-batch losses add up to the step's loss. Metrics are averaged
         over micro-batches. Then: clip the gradient norm, step, advance the
         schedule. Returns the metrics with grad_norm and learning_rate.
+        Under torchrun the gradients are averaged over the processes after the
+        last micro-batch's backward (the others accumulate locally).
         """
         slices = micro_batches(num_rows, self.config.per_device_train_batch_size)
-        accumulation = len(slices)
+        accumulation = len(slices)  # N / per_device_train_batch_size, or N/K per process under torchrun
         totals: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in slices:
-            loss, metrics = micro_batch_loss(rows)
-            self._check_finite_loss(loss, rows)
-            (loss if loss_spans_step else loss / accumulation).backward()
+        for i, rows in enumerate(slices):
+            with distributed.gradient_sync(self.policy, enabled=i == accumulation - 1):
+                loss, metrics = micro_batch_loss(rows)
+                self._check_finite_loss(loss, rows)
+                (loss if loss_spans_step else loss / accumulation).backward()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value / accumulation
         if loss_spans_step:
@@ -514,7 +550,7 @@ class Trainer:
                 "and resume from the last checkpoint (allow_config_change=True)."
             )
         self.optimizer.step()
-        return norm.item()
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
 
     def _check_finite_loss(self, loss: torch.Tensor, rows: slice) -> None:
         """A NaN or inf loss stops the run before backward: its gradient would turn every weight into NaN."""
@@ -539,20 +575,28 @@ class Trainer:
 
         rng_state / sampler_state: the state to resume from, when it is not the
         current one (a failed step saves the state it started from).
+        Under torchrun every rank calls it and rank 0 writes (every rank holds the same weights and optimizer
+        state, and draws the same prompts); the others wait until the folder is complete.
         """
-        path = checkpoints.save_checkpoint(
-            self.output_dir,
-            self.step,
-            self.trainable_modules(),
-            self.tokenizer,
-            self.optimizer,
-            self.scheduler,
-            sampler_state or self.sampler.state_dict(),
-            rng_state or checkpoints.rng_state(),
-            self.history,
-            self.run_args(),
-        )
-        checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+        path = self.output_dir / f"checkpoint-{self.step}"
+        # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
+        full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
+        if distributed.is_main_process():
+            path = checkpoints.save_checkpoint(
+                self.output_dir,
+                self.step,
+                self.trainable_modules(),
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+                sampler_state or self.sampler.state_dict(),
+                rng_state or checkpoints.rng_state(),
+                self.history,
+                self.run_args(),
+                full_states,
+            )
+            checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+        distributed.barrier()
         return path
 
     def run_args(self) -> dict:
@@ -571,17 +615,23 @@ class Trainer:
                 f"{path} belongs to a run with other settings ({'; '.join(changes)}): resume with the same "
                 "settings, or pass allow_config_change=True (--allow-config-change) to continue with the new ones."
             )
-        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, self.scheduler)
+        load_full_states = None
+        if self._sharded:  # FSDP2: every rank reads the whole states and keeps its shards
+            load_full_states = lambda weights, optimizer_state: distributed.load_full_state_dicts(  # noqa: E731
+                self.model, self.optimizer, tie_weights(self.model, dict(weights)), optimizer_state
+            )
+        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, self.scheduler, load_full_states)
         if changes:
             self._apply_config_to_optimizer()
             print(f"resuming with changed settings: {'; '.join(changes)}")
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
-            f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
-        print(f"resumed from {path} at step {self.step}")
+        if distributed.is_main_process():
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
+                f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
+            print(f"resumed from {path} at step {self.step}")
 
     def _apply_config_to_optimizer(self) -> None:
         """After a resume with allow_config_change: the checkpoint's optimizer state carries the old learning
@@ -604,11 +654,14 @@ class Trainer:
         The merge runs on a copy, so training can go on with the adapters as they were.
         """
         path = Path(path) if path is not None else self.output_dir / "final"
-        if merged and is_peft_model(self.model):
-            copy.deepcopy(self.model).merge_and_unload().save_pretrained(path)
-        else:
-            self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        weights = distributed.full_state_dicts(self.model, self.optimizer)[0] if self._sharded else None
+        if distributed.is_main_process():  # under torchrun: every rank calls it, rank 0 writes
+            if merged and is_peft_model(self.model):
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(path)
+            else:
+                self.model.save_pretrained(path, state_dict=weights)
+            self.tokenizer.save_pretrained(path)
+        distributed.barrier()
         return path
 
 
@@ -622,7 +675,11 @@ class GRPOTrainer(Trainer):
                              processing_class=tokenizer)
         # or, as in TRL: GRPOTrainer(model="tiny", reward_funcs=..., args=..., train_dataset=...)
         history = trainer.train()
+
+    Under ``torchrun --nproc-per-node K`` the same code trains data-parallel (minigrpo.distributed).
     """
+
+    supports_distributed = True
 
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         config = self.config
@@ -653,12 +710,13 @@ class GRPOTrainer(Trainer):
         config = self.config
         first = step_rows.start or 0
         num_rows = len(range(*step_rows.indices(len(advantages))))
-        num_items_in_batch = int(loss_mask[step_rows].sum())  # dapo's normaliser: tokens in the optimizer step
+        # dapo's normaliser: tokens in the optimizer step (under torchrun: all ranks' tokens / K, see step_token_count)
+        num_items_in_batch = distributed.step_token_count(loss_mask[step_rows])
 
         def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
             rows = slice(first + rows.start, first + rows.stop)  # rows of the rollout
             with precision_context(self.device, self.config.bf16):
-                logps, entropy = completion_logps(self.model, rollout, config, rows)  # (n, T), (n, T)
+                logps, entropy = self.policy(rollout, rows)  # (n, T), (n, T): completion_logps, in DDP if any
             loss, metrics = grpo_loss(
                 logps,
                 None if rollout.old_per_token_logps is None else rollout.old_per_token_logps[rows],
@@ -751,6 +809,13 @@ class TrainerState:
     @property
     def log_history(self) -> list[dict]:
         return self._trainer.history
+
+
+def tie_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """save_pretrained leaves out lm_head.weight when it is tied to the input embeddings; put it back."""
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights
 
 
 def micro_batches(num_rows: int, size: int) -> list[slice]:
