@@ -107,6 +107,10 @@ class LearnerError(Exception):
         self.line, self.not_implemented = line, not_implemented
 
 
+class NoAnswer(Exception):
+    """The learner's function gave no answer to grade (its kernel died or is stuck, or sent no data): the message."""
+
+
 class RemoteCallable:
     """Marks a stand-in for the learner's function that runs it in another process (minigrpo.grading.remote)."""
 
@@ -185,6 +189,8 @@ def run_case(case: Case, learner: Callable) -> CaseResult:
     except LearnerError as error:  # raised in the kernel, reported by minigrpo.grading.remote
         message = _not_implemented(error.line) if error.not_implemented else f"your code raised {error.line}"
         return CaseResult(case.name, 0.0, case.points, False, message)
+    except NoAnswer as error:
+        return CaseResult(case.name, 0.0, case.points, False, str(error))
     except Exception as error:
         return CaseResult(case.name, 0.0, case.points, False, f"your code raised {last_traceback_line(error)}")
     return CaseResult(case.name, case.points, case.points, True)

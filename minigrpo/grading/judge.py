@@ -28,9 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from minigrpo.grading.framework import CASES, REFERENCES, LearnerError, evaluate
+from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate
 from minigrpo.grading.references import source_reference_reason
-from minigrpo.grading.remote import Kernel, KernelFunction, KernelGone, describe
+from minigrpo.grading.remote import Kernel, KernelFunction, describe
 
 
 def sign(key: bytes, records: list[dict]) -> str:
@@ -42,7 +42,7 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str])
     """One check's record: CheckResult.to_dict(), or {"check", "not_run": reason} ("" when the runner knows why)."""
     try:
         seen = describe(kernel, check)
-    except (KernelGone, LearnerError) as gone:
+    except NoAnswer as gone:
         return {"check": check, "not_run": str(gone)}
     if not seen.get("registered"):
         return {"check": check, "not_run": ""}

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.grading.framework import GRADED, LearnerError, RemoteCallable, last_traceback_line
+from minigrpo.grading.framework import GRADED, LearnerError, NoAnswer, RemoteCallable, last_traceback_line
 
 MAX_RESPONSE_BYTES = 256 * 2**20
 """A bigger answer is refused (the judge would have to hold it in memory): no exercise returns more than a few MB."""
@@ -162,7 +162,7 @@ def _from_plain(value):
     return value
 
 
-class KernelGone(Exception):
+class KernelGone(NoAnswer):
     """The kernel can no longer answer (it died, or an earlier call never returned): the case fails with this."""
 
 
@@ -186,7 +186,7 @@ class Kernel:
         self.client.stop_channels()
 
     def request(self, check: str, payload: dict, timeout: float | None = None):
-        """Send one request to `serve` and return its response (plain data); raise KernelGone or LearnerError."""
+        """Send one request to `serve` and return its response (plain data); raise NoAnswer or LearnerError."""
         if self.broken:
             raise KernelGone(self.broken)
         number = next(self._ids)
@@ -200,6 +200,8 @@ class Kernel:
         message_id = self.client.execute(code, silent=True, store_history=False, allow_stdin=False)
         try:
             reply = self._wait(message_id, timeout)
+        except KernelGone:  # dead, or not answering: nothing to stop
+            raise
         except BaseException:  # the case's time limit (CheckTimeout): stop the learner's function
             self._interrupt(message_id)
             raise
@@ -208,7 +210,7 @@ class Kernel:
         if reply["content"]["status"] != "ok":
             content = reply["content"]
             response_path.unlink(missing_ok=True)
-            raise LearnerError(f"{content.get('ename')}: {content.get('evalue')} (the call did not complete)")
+            raise NoAnswer(f"your function did not complete: {content.get('ename')}: {content.get('evalue')}")
         return self._read(response_path)
 
     def _wait(self, message_id: str, timeout: float | None) -> dict:
@@ -217,12 +219,15 @@ class Kernel:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if deadline is not None and time.monotonic() > deadline:
-                raise KernelGone(f"the kernel did not answer within {timeout:g} s")
+                self.broken = f"not run: the kernel did not answer within {timeout:g} s (still busy?)"
+                raise KernelGone(self.broken)
             try:
                 reply = self.client.get_shell_msg(timeout=0.2)
             except Exception:  # queue.Empty: nothing yet
                 if not alive(self.pid):
-                    self.broken = "the kernel died during an earlier case (os._exit, a crash, or out of memory)"
+                    self.broken = (
+                        "not run: the kernel died during an earlier case (os._exit, a crash, or out of memory)"
+                    )
                     raise KernelGone("your code ended the kernel (os._exit, a crash, or out of memory)") from None
                 continue
             if reply.get("parent_header", {}).get("msg_id") == message_id:
@@ -234,21 +239,21 @@ class Kernel:
             os.kill(self.pid, signal.SIGINT)
             self._wait(message_id, timeout=5)
         except (OSError, KernelGone):
-            self.broken = "an earlier case never returned (the kernel is still running your function)"
+            self.broken = "not run: an earlier case never returned (the kernel is still running your function)"
 
     def _read(self, path: Path):
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            raise LearnerError("the kernel sent no answer (was minigrpo.grading.remote changed?)") from None
+            raise NoAnswer("the kernel sent no answer (was minigrpo.grading.remote changed?)") from None
         try:
             if size > MAX_RESPONSE_BYTES:
-                raise LearnerError(f"your function's answer is {size / 2**20:.0f} MB: too large to grade")
+                raise NoAnswer(f"your function's answer is {size / 2**20:.0f} MB: too large to grade")
             try:
                 return torch.load(path, weights_only=True)
             except Exception as error:
                 message = f"your function's answer cannot be read as data ({last_traceback_line(error)})"
-                raise LearnerError(message) from None
+                raise NoAnswer(message) from None
         finally:
             path.unlink(missing_ok=True)
 
@@ -274,12 +279,9 @@ class KernelFunction(RemoteCallable):
             "threads": torch.get_num_threads(),
             "gradient_wrt": gradient_wrt,
         }
-        try:
-            response = self.kernel.request(self.check, payload)
-        except KernelGone as gone:
-            raise LearnerError(f"not run: {gone}") from None
+        response = self.kernel.request(self.check, payload)
         if not isinstance(response, dict):
-            raise LearnerError("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
+            raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
         if "raised" in response:
             raise LearnerError(str(response["raised"]), bool(response.get("not_implemented")))
         try:
@@ -288,7 +290,7 @@ class KernelFunction(RemoteCallable):
                 _apply_state(args[key] if isinstance(key, int) else kwargs[key], state)
         except Exception as error:
             message = f"the kernel's answer does not fit the arguments ({last_traceback_line(error)})"
-            raise LearnerError(message) from None
+            raise NoAnswer(message) from None
         return _from_plain(response.get("value")), _from_plain(response.get("gradient"))
 
 
@@ -312,5 +314,5 @@ def describe(kernel: Kernel, check: str, timeout: float = 60) -> dict:
     """What the notebook passed to `check`, seen in the kernel: {"registered", "type", "refusal" (str | None)}."""
     response = kernel.request(check, {"kind": "describe"}, timeout=timeout)
     if not isinstance(response, dict):
-        raise LearnerError("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
+        raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
     return response
