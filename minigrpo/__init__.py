@@ -8,6 +8,7 @@ T completion tokens, P prompt tokens, V vocabulary size.
 
 from minigrpo.advantages import group_baseline, group_relative_advantages, group_rewards, reward_scale, zero_std_groups
 from minigrpo.config import GRPOConfig
+from minigrpo.evaluation import evaluate_model, greedy_completions
 from minigrpo.logprobs import masked_mean, masked_sum, per_token_logps, selective_log_softmax
 from minigrpo.losses import aggregate_loss, clipped_surrogate, grpo_loss, importance_ratio, kl_penalty
 from minigrpo.models import (
@@ -27,7 +28,7 @@ from minigrpo.tasks.arithmetic import (
     graded_reward,
     make_arithmetic_dataset,
 )
-from minigrpo.trainer import GRPOTrainer, evaluate_model, greedy_completions
+from minigrpo.trainer import GRPOTrainer
 
 __version__ = "0.1.0"
 

@@ -170,9 +170,10 @@ def make_config(model_name: str, overrides: dict) -> GRPOConfig:
 
 def run_train(args: argparse.Namespace) -> None:
     from minigrpo import distributed
+    from minigrpo.evaluation import evaluate_model
     from minigrpo.models import default_model_name
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
-    from minigrpo.trainer import GRPOTrainer, evaluate_model
+    from minigrpo.trainer import GRPOTrainer
 
     model_name = check_model_name(args.model or default_model_name())
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
@@ -207,8 +208,8 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
+    from minigrpo.evaluation import evaluate_model
     from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
-    from minigrpo.trainer import evaluate_model
 
     model_name = check_model_name(args.model)
     check_positive("--eval-size", args.eval_size, "accuracy needs at least one held-out problem")

@@ -346,3 +346,10 @@ def gradient_sync(policy: torch.nn.Module, enabled: bool):
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
         model.set_requires_gradient_sync(enabled)
     return contextlib.nullcontext()
+
+
+def tie_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """save_pretrained leaves out lm_head.weight when it is tied to the input embeddings; put it back."""
+    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    return weights

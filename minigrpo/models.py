@@ -37,6 +37,7 @@ from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -358,3 +359,19 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+# --- the model argument: a model or a name, as in TRL ----------------------------------
+def resolve_model_and_tokenizer(model, processing_class=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``model`` may be a name ("tiny", a Hub id, a folder): load it (and its tokenizer) with
+    load_model_and_tokenizer. For a model object without ``processing_class``, load the tokenizer saved
+    with it (``model.name_or_path``), as TRL does."""
+    if isinstance(model, str | Path):
+        model, tokenizer = load_model_and_tokenizer(str(model))
+        return model, processing_class if processing_class is not None else tokenizer
+    if processing_class is not None:
+        return model, processing_class
+    name = getattr(model, "name_or_path", "")
+    if not name:
+        raise ValueError("processing_class is None and the model has no name_or_path: pass processing_class=tokenizer.")
+    return model, load_tokenizer(name)

@@ -42,9 +42,10 @@ from torch import nn
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import batched_per_token_logps, completion_position_ids, masked_mean, per_token_logps
 from minigrpo.losses import kl_penalty
-from minigrpo.models import is_peft_model, precision_context
+from minigrpo.models import is_peft_model, precision_context, resolve_model_and_tokenizer
 from minigrpo.rollout import Rollout
-from minigrpo.trainer import Trainer, micro_batches, resolve_model_and_tokenizer
+from minigrpo.schedule import micro_batches
+from minigrpo.trainer import Trainer
 from minigrpo.trl_compat import refuse_unknown_fields
 
 

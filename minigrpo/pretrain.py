@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from minigrpo.config import GRPOConfig
+from minigrpo.evaluation import evaluate_model
 from minigrpo.models import TINY_MODEL_DIR, build_tiny_model, build_tiny_tokenizer, count_parameters
 from minigrpo.rollout import render_prompts
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
-from minigrpo.trainer import evaluate_model
 
 
 def sft_batch(tokenizer, prompts: list, answers: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,11 +11,8 @@ micro-batches with gradient accumulation, and checkpoints (written and read by
 
 from __future__ import annotations
 
-import copy
 import math
-import random
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -25,7 +22,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo import checkpoints, distributed
-from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
+from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
     HISTORY_FILE,
     METRICS_FILE,
@@ -34,125 +31,37 @@ from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
     latest_checkpoint,
 )
 from minigrpo.config import GRPOConfig
+from minigrpo.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
+from minigrpo.metrics import average_metrics, completion_metrics, reward_metrics
 from minigrpo.models import (
     add_adapters,
     check_bf16_request,
     disable_dropout,
     is_peft_model,
-    load_model_and_tokenizer,
     make_reference_model,
     precision_context,
+    resolve_model_and_tokenizer,
     set_gradient_checkpointing,
 )
-from minigrpo.rewards import compute_rewards, reward_func_name
+from minigrpo.resume import CheckpointMixin
+from minigrpo.rewards import compute_rewards
 from minigrpo.rollout import (
     Rollout,
-    completion_mask_from_eos,
-    eos_token_ids,
-    generate_completions,
     render_prompts,
     repeat_for_group,
     sample_group_rollout,
-    tokenize_prompts,
 )
-from minigrpo.tokenization import load_tokenizer
+from minigrpo.schedule import PromptSampler, TrainerState, micro_batches, resolve_max_steps
 
 
 class NonFiniteError(FloatingPointError):
     """The loss or the gradient norm of a step is NaN or inf; the step was not applied."""
 
 
-# --- prompts in a seeded, resumable order -------------------------------------------
-class PromptSampler:
-    """Walks the dataset in a fresh seeded permutation each epoch; its state is (epoch, position)."""
-
-    def __init__(self, dataset_size: int, seed: int, shuffle: bool = True):
-        self.dataset_size, self.seed, self.shuffle = dataset_size, seed, shuffle
-        self.epoch, self.position = 0, 0
-
-    def _order(self) -> list[int]:
-        if not self.shuffle:  # GRPOConfig.shuffle_dataset=False: dataset order, every epoch
-            return list(range(self.dataset_size))
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return torch.randperm(self.dataset_size, generator=generator).tolist()
-
-    def next_indices(self, count: int) -> list[int]:
-        indices = []
-        while len(indices) < count:
-            order = self._order()
-            take = order[self.position : self.position + count - len(indices)]
-            indices += take
-            self.position += len(take)
-            if self.position >= self.dataset_size:
-                self.epoch, self.position = self.epoch + 1, 0
-        return indices
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = state["epoch"], state["position"]
-
-
-# --- evaluation ---------------------------------------------------------------------
-def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> list[str]:
-    """Greedy (temperature 0) completions of `prompts`, config.eval_batch_size at a time."""
-    device = next(model.parameters()).device
-    eos_ids = eos_token_ids(model, tokenizer)
-    texts = []
-    for start in range(0, len(prompts), config.eval_batch_size):
-        batch = prompts[start : start + config.eval_batch_size]
-        prompt_ids, prompt_mask = tokenize_prompts(tokenizer, batch, config.max_prompt_length, device)
-        completion_ids = generate_completions(model, tokenizer, prompt_ids, prompt_mask, config, greedy=True)
-        completion_mask, _ = completion_mask_from_eos(completion_ids, eos_ids)
-        lengths = completion_mask.sum(1).tolist()
-        ids = [row[: int(n)] for row, n in zip(completion_ids.tolist(), lengths, strict=True)]
-        texts += tokenizer.batch_decode(ids, skip_special_tokens=True)
-    return texts
-
-
-def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
-    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean.
-    Under torchrun every rank must call it: the prompts are shared out and the completions gathered."""
-    prompts = list(dataset["prompt"])
-    # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
-    completions = distributed.map_shards(lambda part: greedy_completions(model, tokenizer, part, config), prompts)
-    columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
-    rewards_per_func, rewards = compute_rewards(
-        reward_funcs,
-        prompts,
-        completions,
-        [[] for _ in completions],
-        columns,
-        config.reward_weights,
-        config.reward_timeout,
-    )
-    metrics = {"eval/accuracy": rewards_per_func[:, 0].nanmean().item(), "eval/reward": rewards.mean().item()}
-    for f, func in enumerate(reward_funcs):
-        metrics[f"eval/rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
-    return metrics
-
-
-# --- the model argument: a model or a name, as in TRL ----------------------------------
-def resolve_model_and_tokenizer(model, processing_class=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """``model`` may be a name ("tiny", a Hub id, a folder): load it (and its tokenizer) with
-    load_model_and_tokenizer. For a model object without ``processing_class``, load the tokenizer saved
-    with it (``model.name_or_path``), as TRL does."""
-    if isinstance(model, str | Path):
-        model, tokenizer = load_model_and_tokenizer(str(model))
-        return model, processing_class if processing_class is not None else tokenizer
-    if processing_class is not None:
-        return model, processing_class
-    name = getattr(model, "name_or_path", "")
-    if not name:
-        raise ValueError("processing_class is None and the model has no name_or_path: pass processing_class=tokenizer.")
-    return model, load_tokenizer(name)
-
-
 # --- the shared loop ----------------------------------------------------------------
-class Trainer:
+class Trainer(CheckpointMixin):
     """The loop every RL trainer here shares. Subclasses implement `optimize(rollout, rewards)`.
 
     The signature is TRL's: ``(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)``,
@@ -322,36 +231,6 @@ class Trainer:
             self._begin(resume_from_checkpoint, allow_config_change)
             return self._train_loop()
 
-    def _begin(self, resume_from_checkpoint: bool | str | None, allow_config_change: bool) -> None:
-        """Resume (from a path, or the newest checkpoint in output_dir that reads completely), or start fresh."""
-        if not resume_from_checkpoint:
-            self._start_fresh(replace=self.config.overwrite_output_dir)
-            return
-        modules = self.trainable_modules()
-        if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
-            path = Path(resume_from_checkpoint)
-            self._restore(path, checkpoints.read_checkpoint(path, modules), allow_config_change)
-            return
-        found = checkpoints.find_resumable(self.output_dir, modules)
-        if found is None:
-            print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
-            self._start_fresh(replace=True)  # metrics without a checkpoint cannot be continued
-            return
-        path, state, problems = found
-        for problem in problems:
-            warnings.warn(f"{self.output_dir}: {problem}", stacklevel=3)
-        self._restore(path, state, allow_config_change)
-
-    def _start_fresh(self, replace: bool) -> None:
-        """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
-        if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
-            checkpoints.claim_output_dir(self.output_dir, replace)
-            if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir: start its file afresh
-                self.metrics_path.unlink(missing_ok=True)
-        distributed.barrier()
-        random.seed(self.config.seed)
-        torch.manual_seed(self.config.seed)
-
     def _train_loop(self) -> list[dict]:
         self.model.train()
         progress = tqdm(
@@ -422,19 +301,6 @@ class Trainer:
             raise
         if config.save_strategy == "steps" and self._due(before, config.save_steps):
             self.save_checkpoint()
-
-    def _save_after_failure(self, what: str, rng: dict, sampler: dict) -> None:
-        """Save the state of the last complete step (rng, sampler: as they were then); a save that fails too is
-        reported, and the original error is the one raised."""
-        try:
-            path = self.save_checkpoint(rng_state=rng, sampler_state=sampler)
-        except Exception as error:
-            print(f"\n{what} failed, and saving the state after step {self.step} failed too: {error}")
-            return
-        print(
-            f"\n{what} failed: the state after step {self.step} is saved in {path}; "
-            "resume with --resume (or train(resume_from_checkpoint=True))."
-        )
 
     def training_step(self) -> dict:
         """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
@@ -565,105 +431,6 @@ class Trainer:
             "checkpoint (allow_config_change=True)."
         )
 
-    # --- checkpoints (minigrpo.checkpoints does the work) -------------------------------
-    def trainable_modules(self) -> dict[str, torch.nn.Module]:
-        """Modules whose weights a checkpoint must hold; 'model' is the policy."""
-        return {"model": self.model}
-
-    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
-        """Write output_dir/checkpoint-{step} atomically, then keep only the newest save_total_limit.
-
-        rng_state / sampler_state: the state to resume from, when it is not the
-        current one (a failed step saves the state it started from).
-        Under torchrun every rank calls it and rank 0 writes (every rank holds the same weights and optimizer
-        state, and draws the same prompts); the others wait until the folder is complete.
-        """
-        path = self.output_dir / f"checkpoint-{self.step}"
-        # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
-        full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
-        if distributed.is_main_process():
-            path = checkpoints.save_checkpoint(
-                self.output_dir,
-                self.step,
-                self.trainable_modules(),
-                self.tokenizer,
-                self.optimizer,
-                self.scheduler,
-                sampler_state or self.sampler.state_dict(),
-                rng_state or checkpoints.rng_state(),
-                self.history,
-                self.run_args(),
-                full_states,
-            )
-            checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
-        distributed.barrier()
-        return path
-
-    def run_args(self) -> dict:
-        """What defines this run (config, model, reward functions), saved with each checkpoint."""
-        return checkpoints.run_args(self.config, self.model, [reward_func_name(f) for f in self.reward_funcs])
-
-    def load_checkpoint(self, path: str | Path, allow_config_change: bool = False) -> None:
-        """Restore model(s), optimizer, scheduler, RNG, data position and metric history; every file is read and
-        checked first, and a run whose training-defining settings differ is refused unless allow_config_change."""
-        self._restore(Path(path), checkpoints.read_checkpoint(path, self.trainable_modules()), allow_config_change)
-
-    def _restore(self, path: Path, state: dict, allow_config_change: bool) -> None:
-        changes = checkpoints.changed_run_fields(state["args"], self.run_args())
-        if changes and not allow_config_change:
-            raise CheckpointError(
-                f"{path} belongs to a run with other settings ({'; '.join(changes)}): resume with the same "
-                "settings, or pass allow_config_change=True (--allow-config-change) to continue with the new ones."
-            )
-        load_full_states = None
-        if self._sharded:  # FSDP2: every rank reads the whole states and keeps its shards
-            load_full_states = lambda weights, optimizer_state: distributed.load_full_state_dicts(  # noqa: E731
-                self.model, self.optimizer, tie_weights(self.model, dict(weights)), optimizer_state
-            )
-        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, self.scheduler, load_full_states)
-        if changes:
-            self._apply_config_to_optimizer()
-            print(f"resuming with changed settings: {'; '.join(changes)}")
-        self.sampler.load_state_dict(state["sampler"])
-        checkpoints.set_rng_state(state["rng"])
-        self.step, self.history = state["step"], state["history"]
-        if distributed.is_main_process():
-            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
-                f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
-            print(f"resumed from {path} at step {self.step}")
-
-    def _apply_config_to_optimizer(self) -> None:
-        """After a resume with allow_config_change: the checkpoint's optimizer state carries the old learning
-        rates, betas and weight decay; the current config's take over (the moments are kept)."""
-        fresh = self.optimizer_param_groups()
-        self.scheduler.base_lrs = [group["lr"] for group in fresh]
-        for group, new in zip(self.optimizer.param_groups, fresh, strict=True):
-            group["initial_lr"] = new["lr"]
-            group["lr"] = new["lr"] * self._lr_factor(self.scheduler.last_epoch)
-            group["betas"] = (self.config.adam_beta1, self.config.adam_beta2)
-            group["weight_decay"] = self.config.weight_decay
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reports
-
-    def save_model(self, path: str | Path | None = None, merged: bool = False) -> Path:
-        """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path).
-
-        A LoRA policy writes its adapters only (adapter_config.json + adapter_model.safetensors, megabytes),
-        which load on top of the base model they name; ``merged=True`` writes the base model with the
-        adapters merged into its weights instead (W + (alpha/r) BA: a plain model, as large as the base).
-        The merge runs on a copy, so training can go on with the adapters as they were.
-        """
-        path = Path(path) if path is not None else self.output_dir / "final"
-        weights = distributed.full_state_dicts(self.model, self.optimizer)[0] if self._sharded else None
-        if distributed.is_main_process():  # under torchrun: every rank calls it, rank 0 writes
-            if merged and is_peft_model(self.model):
-                copy.deepcopy(self.model).merge_and_unload().save_pretrained(path)
-            else:
-                self.model.save_pretrained(path, state_dict=weights)
-            self.tokenizer.save_pretrained(path)
-        distributed.barrier()
-        return path
-
 
 # --- GRPO -------------------------------------------------------------------------
 class GRPOTrainer(Trainer):
@@ -731,93 +498,3 @@ class GRPOTrainer(Trainer):
 
         # dapo already divides by the whole step's token count; the others average the micro-batches.
         return self.accumulate_and_step(num_rows, micro_batch_loss, loss_spans_step=config.loss_type == "dapo")
-
-
-# --- metrics (TRL's names) ----------------------------------------------------------
-def reward_metrics(rewards_per_func: torch.Tensor, rewards: torch.Tensor, reward_funcs, num_generations: int) -> dict:
-    """reward, reward_std (mean of the group stds), rewards/<fn>/mean|std, frac_reward_zero_std."""
-    grouped = group_rewards(rewards.float(), num_generations)  # (B, G)
-    metrics = {
-        "reward": rewards.mean().item(),
-        "reward_std": grouped.std(dim=1).mean().item(),
-        "frac_reward_zero_std": zero_std_groups(grouped).float().mean().item(),
-    }
-    for f, func in enumerate(reward_funcs):
-        name = reward_func_name(func)
-        metrics[f"rewards/{name}/mean"] = rewards_per_func[:, f].nanmean().item()
-        metrics[f"rewards/{name}/std"] = _nanstd(rewards_per_func[:, f])
-    return metrics
-
-
-def completion_metrics(rollout: Rollout) -> dict:
-    """completions/mean_length, min/max_length, clipped_ratio (truncated), mean_terminated_length."""
-    lengths = rollout.completion_mask.sum(1).float()  # (N,)
-    terminated = lengths[~rollout.is_truncated]
-    return {
-        "completions/mean_length": lengths.mean().item(),
-        "completions/min_length": lengths.min().item(),
-        "completions/max_length": lengths.max().item(),
-        "completions/clipped_ratio": rollout.is_truncated.float().mean().item(),
-        "completions/mean_terminated_length": terminated.mean().item() if terminated.numel() else 0.0,
-    }
-
-
-def _nanstd(values: torch.Tensor) -> float:
-    values = values[~values.isnan()]
-    return values.std().item() if values.numel() > 1 else 0.0
-
-
-def average_metrics(rows: list[dict]) -> dict:
-    """The mean of each metric over `rows` (a metric missing from some rows: over the rows that have it)."""
-    keys = dict.fromkeys(key for row in rows for key in row)
-    return {key: sum(row[key] for row in rows if key in row) / sum(key in row for row in rows) for key in keys}
-
-
-def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int) -> int:
-    """Optimizer steps to train: config.max_steps, or for max_steps == -1 TRL's count for num_train_epochs:
-
-        steps per epoch = (prompts // B) generations x optimizer_steps_per_generation
-
-    rounded up to whole generations (minigrpo never stops inside a generation's optimizer steps)."""
-    if config.max_steps > 0:
-        steps = config.max_steps
-    else:
-        generations_per_epoch = num_prompts // config.prompts_per_step
-        if generations_per_epoch == 0:
-            raise ValueError(
-                f"the training set has {num_prompts} prompts, fewer than one generation's "
-                f"prompts_per_step={config.prompts_per_step}: add prompts or lower the batch."
-            )
-        steps = math.ceil(config.num_train_epochs * generations_per_epoch * per_generation)
-    return math.ceil(steps / per_generation) * per_generation
-
-
-class TrainerState:
-    """TRL's ``trainer.state``, read-only: global_step, max_steps, log_history (one dict per logged step)."""
-
-    def __init__(self, trainer: Trainer):
-        self._trainer = trainer
-
-    @property
-    def global_step(self) -> int:
-        return self._trainer.step
-
-    @property
-    def max_steps(self) -> int:
-        return self._trainer.max_steps
-
-    @property
-    def log_history(self) -> list[dict]:
-        return self._trainer.history
-
-
-def tie_weights(model, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """save_pretrained leaves out lm_head.weight when it is tied to the input embeddings; put it back."""
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    return weights
-
-
-def micro_batches(num_rows: int, size: int) -> list[slice]:
-    """[0, size), [size, 2 size), ...: the row slices of the micro-batches (the last may be shorter)."""
-    return [slice(start, start + size) for start in range(0, num_rows, size)]

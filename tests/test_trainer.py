@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from minigrpo import GRPOTrainer, RewardFunctionError
+from minigrpo.checkpoints import latest_checkpoint
+from minigrpo.schedule import PromptSampler
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
-from minigrpo.trainer import PromptSampler, latest_checkpoint
 
 
 def weights(model):

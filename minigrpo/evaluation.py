@@ -1,0 +1,49 @@
+"""Greedy held-out evaluation: the number a course reports before and after training (eval/accuracy)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from minigrpo import distributed
+from minigrpo.config import GRPOConfig
+from minigrpo.rewards import compute_rewards, reward_func_name
+from minigrpo.rollout import completion_mask_from_eos, eos_token_ids, generate_completions, tokenize_prompts
+
+
+# --- evaluation ---------------------------------------------------------------------
+def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> list[str]:
+    """Greedy (temperature 0) completions of `prompts`, config.eval_batch_size at a time."""
+    device = next(model.parameters()).device
+    eos_ids = eos_token_ids(model, tokenizer)
+    texts = []
+    for start in range(0, len(prompts), config.eval_batch_size):
+        batch = prompts[start : start + config.eval_batch_size]
+        prompt_ids, prompt_mask = tokenize_prompts(tokenizer, batch, config.max_prompt_length, device)
+        completion_ids = generate_completions(model, tokenizer, prompt_ids, prompt_mask, config, greedy=True)
+        completion_mask, _ = completion_mask_from_eos(completion_ids, eos_ids)
+        lengths = completion_mask.sum(1).tolist()
+        ids = [row[: int(n)] for row, n in zip(completion_ids.tolist(), lengths, strict=True)]
+        texts += tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return texts
+
+
+def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
+    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean.
+    Under torchrun every rank must call it: the prompts are shared out and the completions gathered."""
+    prompts = list(dataset["prompt"])
+    # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
+    completions = distributed.map_shards(lambda part: greedy_completions(model, tokenizer, part, config), prompts)
+    columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+    rewards_per_func, rewards = compute_rewards(
+        reward_funcs,
+        prompts,
+        completions,
+        [[] for _ in completions],
+        columns,
+        config.reward_weights,
+        config.reward_timeout,
+    )
+    metrics = {"eval/accuracy": rewards_per_func[:, 0].nanmean().item(), "eval/reward": rewards.mean().item()}
+    for f, func in enumerate(reward_funcs):
+        metrics[f"eval/rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
+    return metrics

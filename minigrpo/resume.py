@@ -1,0 +1,169 @@
+"""The trainer's checkpoints: start fresh or resume, save, restore, write the final model.
+
+``CheckpointMixin`` holds the Trainer methods that talk to ``minigrpo.checkpoints``
+(which does the file work: atomic writes, safe reads, fallback, locking), so that
+``trainer.py`` reads as the loop and the GRPO step. A checkpoint is written only
+between generations, so a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import warnings
+from pathlib import Path
+
+import torch
+
+from minigrpo import checkpoints, distributed
+from minigrpo.checkpoints import METRICS_FILE, CheckpointError
+from minigrpo.distributed import tie_weights
+from minigrpo.models import is_peft_model
+from minigrpo.rewards import reward_func_name
+
+
+class CheckpointMixin:
+    """Checkpoint, resume and save_model for ``Trainer`` (which provides config, model, optimizer, scheduler,
+    sampler, step, history, output_dir, metrics_path and _lr_factor)."""
+
+    def _begin(self, resume_from_checkpoint: bool | str | None, allow_config_change: bool) -> None:
+        """Resume (from a path, or the newest checkpoint in output_dir that reads completely), or start fresh."""
+        if not resume_from_checkpoint:
+            self._start_fresh(replace=self.config.overwrite_output_dir)
+            return
+        modules = self.trainable_modules()
+        if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
+            path = Path(resume_from_checkpoint)
+            self._restore(path, checkpoints.read_checkpoint(path, modules), allow_config_change)
+            return
+        found = checkpoints.find_resumable(self.output_dir, modules)
+        if found is None:
+            print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
+            self._start_fresh(replace=True)  # metrics without a checkpoint cannot be continued
+            return
+        path, state, problems = found
+        for problem in problems:
+            warnings.warn(f"{self.output_dir}: {problem}", stacklevel=3)
+        self._restore(path, state, allow_config_change)
+
+    def _start_fresh(self, replace: bool) -> None:
+        """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
+        if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
+            checkpoints.claim_output_dir(self.output_dir, replace)
+            if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir: start its file afresh
+                self.metrics_path.unlink(missing_ok=True)
+        distributed.barrier()
+        random.seed(self.config.seed)
+        torch.manual_seed(self.config.seed)
+
+    def _save_after_failure(self, what: str, rng: dict, sampler: dict) -> None:
+        """Save the state of the last complete step (rng, sampler: as they were then); a save that fails too is
+        reported, and the original error is the one raised."""
+        try:
+            path = self.save_checkpoint(rng_state=rng, sampler_state=sampler)
+        except Exception as error:
+            print(f"\n{what} failed, and saving the state after step {self.step} failed too: {error}")
+            return
+        print(
+            f"\n{what} failed: the state after step {self.step} is saved in {path}; "
+            "resume with --resume (or train(resume_from_checkpoint=True))."
+        )
+
+    # --- checkpoints (minigrpo.checkpoints does the work) -------------------------------
+    def trainable_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules whose weights a checkpoint must hold; 'model' is the policy."""
+        return {"model": self.model}
+
+    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
+        """Write output_dir/checkpoint-{step} atomically, then keep only the newest save_total_limit.
+
+        rng_state / sampler_state: the state to resume from, when it is not the
+        current one (a failed step saves the state it started from).
+        Under torchrun every rank calls it and rank 0 writes (every rank holds the same weights and optimizer
+        state, and draws the same prompts); the others wait until the folder is complete.
+        """
+        path = self.output_dir / f"checkpoint-{self.step}"
+        # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
+        full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
+        if distributed.is_main_process():
+            path = checkpoints.save_checkpoint(
+                self.output_dir,
+                self.step,
+                self.trainable_modules(),
+                self.tokenizer,
+                self.optimizer,
+                self.scheduler,
+                sampler_state or self.sampler.state_dict(),
+                rng_state or checkpoints.rng_state(),
+                self.history,
+                self.run_args(),
+                full_states,
+            )
+            checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+        distributed.barrier()
+        return path
+
+    def run_args(self) -> dict:
+        """What defines this run (config, model, reward functions), saved with each checkpoint."""
+        return checkpoints.run_args(self.config, self.model, [reward_func_name(f) for f in self.reward_funcs])
+
+    def load_checkpoint(self, path: str | Path, allow_config_change: bool = False) -> None:
+        """Restore model(s), optimizer, scheduler, RNG, data position and metric history; every file is read and
+        checked first, and a run whose training-defining settings differ is refused unless allow_config_change."""
+        self._restore(Path(path), checkpoints.read_checkpoint(path, self.trainable_modules()), allow_config_change)
+
+    def _restore(self, path: Path, state: dict, allow_config_change: bool) -> None:
+        changes = checkpoints.changed_run_fields(state["args"], self.run_args())
+        if changes and not allow_config_change:
+            raise CheckpointError(
+                f"{path} belongs to a run with other settings ({'; '.join(changes)}): resume with the same "
+                "settings, or pass allow_config_change=True (--allow-config-change) to continue with the new ones."
+            )
+        load_full_states = None
+        if self._sharded:  # FSDP2: every rank reads the whole states and keeps its shards
+            load_full_states = lambda weights, optimizer_state: distributed.load_full_state_dicts(  # noqa: E731
+                self.model, self.optimizer, tie_weights(self.model, dict(weights)), optimizer_state
+            )
+        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, self.scheduler, load_full_states)
+        if changes:
+            self._apply_config_to_optimizer()
+            print(f"resuming with changed settings: {'; '.join(changes)}")
+        self.sampler.load_state_dict(state["sampler"])
+        checkpoints.set_rng_state(state["rng"])
+        self.step, self.history = state["step"], state["history"]
+        if distributed.is_main_process():
+            self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
+                f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
+            print(f"resumed from {path} at step {self.step}")
+
+    def _apply_config_to_optimizer(self) -> None:
+        """After a resume with allow_config_change: the checkpoint's optimizer state carries the old learning
+        rates, betas and weight decay; the current config's take over (the moments are kept)."""
+        fresh = self.optimizer_param_groups()
+        self.scheduler.base_lrs = [group["lr"] for group in fresh]
+        for group, new in zip(self.optimizer.param_groups, fresh, strict=True):
+            group["initial_lr"] = new["lr"]
+            group["lr"] = new["lr"] * self._lr_factor(self.scheduler.last_epoch)
+            group["betas"] = (self.config.adam_beta1, self.config.adam_beta2)
+            group["weight_decay"] = self.config.weight_decay
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reports
+
+    def save_model(self, path: str | Path | None = None, merged: bool = False) -> Path:
+        """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path).
+
+        A LoRA policy writes its adapters only (adapter_config.json + adapter_model.safetensors, megabytes),
+        which load on top of the base model they name; ``merged=True`` writes the base model with the
+        adapters merged into its weights instead (W + (alpha/r) BA: a plain model, as large as the base).
+        The merge runs on a copy, so training can go on with the adapters as they were.
+        """
+        path = Path(path) if path is not None else self.output_dir / "final"
+        weights = distributed.full_state_dicts(self.model, self.optimizer)[0] if self._sharded else None
+        if distributed.is_main_process():  # under torchrun: every rank calls it, rank 0 writes
+            if merged and is_peft_model(self.model):
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(path)
+            else:
+                self.model.save_pretrained(path, state_dict=weights)
+            self.tokenizer.save_pretrained(path)
+        distributed.barrier()
+        return path

@@ -1,0 +1,89 @@
+"""What the training loop walks through: prompts in a seeded, resumable order, the number of optimizer steps,
+micro-batches, and TRL's read-only ``trainer.state``."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from minigrpo.config import GRPOConfig
+
+if TYPE_CHECKING:  # only for the annotation: the trainer imports this module
+    from minigrpo.trainer import Trainer
+
+
+# --- prompts in a seeded, resumable order -------------------------------------------
+class PromptSampler:
+    """Walks the dataset in a fresh seeded permutation each epoch; its state is (epoch, position)."""
+
+    def __init__(self, dataset_size: int, seed: int, shuffle: bool = True):
+        self.dataset_size, self.seed, self.shuffle = dataset_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:  # GRPOConfig.shuffle_dataset=False: dataset order, every epoch
+            return list(range(self.dataset_size))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return torch.randperm(self.dataset_size, generator=generator).tolist()
+
+    def next_indices(self, count: int) -> list[int]:
+        indices = []
+        while len(indices) < count:
+            order = self._order()
+            take = order[self.position : self.position + count - len(indices)]
+            indices += take
+            self.position += len(take)
+            if self.position >= self.dataset_size:
+                self.epoch, self.position = self.epoch + 1, 0
+        return indices
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+
+
+def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int) -> int:
+    """Optimizer steps to train: config.max_steps, or for max_steps == -1 TRL's count for num_train_epochs:
+
+        steps per epoch = (prompts // B) generations x optimizer_steps_per_generation
+
+    rounded up to whole generations (minigrpo never stops inside a generation's optimizer steps)."""
+    if config.max_steps > 0:
+        steps = config.max_steps
+    else:
+        generations_per_epoch = num_prompts // config.prompts_per_step
+        if generations_per_epoch == 0:
+            raise ValueError(
+                f"the training set has {num_prompts} prompts, fewer than one generation's "
+                f"prompts_per_step={config.prompts_per_step}: add prompts or lower the batch."
+            )
+        steps = math.ceil(config.num_train_epochs * generations_per_epoch * per_generation)
+    return math.ceil(steps / per_generation) * per_generation
+
+
+class TrainerState:
+    """TRL's ``trainer.state``, read-only: global_step, max_steps, log_history (one dict per logged step)."""
+
+    def __init__(self, trainer: Trainer):
+        self._trainer = trainer
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.step
+
+    @property
+    def max_steps(self) -> int:
+        return self._trainer.max_steps
+
+    @property
+    def log_history(self) -> list[dict]:
+        return self._trainer.history
+
+
+def micro_batches(num_rows: int, size: int) -> list[slice]:
+    """[0, size), [size, 2 size), ...: the row slices of the micro-batches (the last may be shorter)."""
+    return [slice(start, start + size) for start in range(0, num_rows, size)]
