@@ -83,8 +83,11 @@ def steps(full: int, quick: int) -> int:
 
 def course_config(model: str = "tiny", **overrides) -> GRPOConfig:
     """The preset for `model` (pass what model_name() returned): tiny_cpu() for "tiny", qwen_t4() (fits a 15 GB
-    T4) for a real Qwen. Taking the model name keeps the config and the loaded model from disagreeing."""
-    return GRPOConfig.for_model(model, **overrides)
+    T4) for a real Qwen. Taking the model name keeps the config and the loaded model from disagreeing.
+
+    A lesson's run replaces the run an earlier execution of the same notebook left in its output_dir
+    (overwrite_output_dir=True); pass overwrite_output_dir=False to be asked instead."""
+    return GRPOConfig.for_model(model, **{"overwrite_output_dir": True, **overrides})
 
 
 def describe(model: str | None = None) -> str:

@@ -21,7 +21,6 @@ INSTEAD = {
     "lr_scheduler_kwargs": "lr_scheduler_type is 'constant' or 'linear', with warmup_steps",
     "warmup_ratio": "give warmup_steps",
     "deepspeed": "minigrpo scales with torch.distributed (torchrun); DeepSpeed ZeRO is TRL's domain (lesson 08)",
-    "fsdp": "minigrpo scales with torch.distributed (torchrun); see the README's 'Scaling out'",
     "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see the README's 'Scaling out'",
     "vllm_mode": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
     "push_to_hub": "save with trainer.save_model(path), then push that folder with huggingface_hub",

@@ -23,6 +23,7 @@ LESSONS = [
     "02_group_sampling",
     "03_group_relative_advantages",
     "04_grpo_objective",
+    "08_from_minigrpo_to_trl",
 ]
 
 spec = importlib.util.spec_from_file_location("stamp_colab", ROOT / "scripts" / "stamp_colab.py")
