@@ -11,20 +11,25 @@ from minigrpo.rollout import completion_mask_from_eos, eos_token_ids, generate_c
 
 
 # --- evaluation ---------------------------------------------------------------------
-def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> list[str]:
-    """Greedy (temperature 0) completions of `prompts`, config.eval_batch_size at a time."""
+def greedy_completion_ids(model, tokenizer, prompts: list, config: GRPOConfig) -> list[list[int]]:
+    """The token ids of the greedy (temperature 0) completions of `prompts`, up to and including EOS,
+    config.eval_batch_size prompts at a time."""
     device = next(model.parameters()).device
     eos_ids = eos_token_ids(model, tokenizer)
-    texts = []
+    ids = []
     for start in range(0, len(prompts), config.eval_batch_size):
         batch = prompts[start : start + config.eval_batch_size]
         prompt_ids, prompt_mask = tokenize_prompts(tokenizer, batch, config.max_prompt_length, device)
         completion_ids = generate_completions(model, tokenizer, prompt_ids, prompt_mask, config, greedy=True)
         completion_mask, _ = completion_mask_from_eos(completion_ids, eos_ids)
         lengths = completion_mask.sum(1).tolist()
-        ids = [row[: int(n)] for row, n in zip(completion_ids.tolist(), lengths, strict=True)]
-        texts += tokenizer.batch_decode(ids, skip_special_tokens=True)
-    return texts
+        ids += [row[: int(n)] for row, n in zip(completion_ids.tolist(), lengths, strict=True)]
+    return ids
+
+
+def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> list[str]:
+    """Greedy (temperature 0) completions of `prompts`, as text."""
+    return tokenizer.batch_decode(greedy_completion_ids(model, tokenizer, prompts, config), skip_special_tokens=True)
 
 
 def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
@@ -32,13 +37,14 @@ def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], 
     Under torchrun every rank must call it: the prompts are shared out and the completions gathered."""
     prompts = list(dataset["prompt"])
     # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
-    completions = distributed.map_shards(lambda part: greedy_completions(model, tokenizer, part, config), prompts)
+    completion_ids = distributed.map_shards(lambda part: greedy_completion_ids(model, tokenizer, part, config), prompts)
+    completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
     columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
     rewards_per_func, rewards = compute_rewards(
         reward_funcs,
         prompts,
         completions,
-        [[] for _ in completions],
+        completion_ids,  # the real ids: a length-based reward reads the same lengths as in training
         columns,
         config.reward_weights,
         config.reward_timeout,

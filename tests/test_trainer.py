@@ -238,3 +238,19 @@ def test_a_fresh_run_refuses_an_earlier_runs_folder_unless_told_to_overwrite(tin
     ).train()
     assert latest_checkpoint(small_config.output_dir).name == "checkpoint-2"
     assert not os.path.exists(stale)
+
+
+def test_evaluation_passes_reward_functions_the_real_completion_ids(tiny, eval_dataset, small_config):
+    from minigrpo.evaluation import evaluate_model
+
+    model, tokenizer = tiny
+    seen = []
+
+    def length_reward(prompts, completions, completion_ids, **columns):
+        seen.extend(zip(completions, completion_ids, strict=True))
+        return [float(len(ids)) for ids in completion_ids]
+
+    metrics = evaluate_model(model, tokenizer, eval_dataset.select(range(8)), [length_reward], small_config)
+    assert len(seen) == 8 and all(len(ids) > 0 for _, ids in seen)
+    assert all(tokenizer.decode(ids, skip_special_tokens=True) == text for text, ids in seen)
+    assert metrics["eval/accuracy"] == sum(len(ids) for _, ids in seen) / 8
