@@ -445,6 +445,10 @@ def resolve_batch_sizes(config: GRPOConfig, processes: int = 1) -> None:
                 f"disagree (micro-batches of {mb} x {processes} process(es)): give one of the two."
             )
     elif c.generation_batch_size is not None:
+        if c.prompts_per_step is not None and c.generation_batch_size % processes == 0:
+            # minigrpo's spelling: a micro-batch larger than a process's share of the generation is that share
+            # (the tiny preset's 128 on one process is 64 on each of two)
+            mb = min(mb, c.generation_batch_size // processes)
         if c.generation_batch_size % (mb * processes) != 0:
             n = c.generation_batch_size // processes
             divisors = ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
