@@ -30,12 +30,12 @@ def gpu(monkeypatch):
 
 def test_lessons_get_the_tiny_model_by_default_even_on_a_gpu(gpu):
     assert course.model_name() == "tiny"
-    assert course.course_config() == GRPOConfig.tiny_cpu()
+    assert course.course_config() == GRPOConfig.tiny_cpu(overwrite_output_dir=True)  # a re-run replaces its run
 
 
 def test_real_on_gpu_asks_for_qwen_only_where_a_gpu_is(gpu, monkeypatch):
     assert course.model_name(real_on_gpu=True) == QWEN_MODEL_ID
-    assert course.course_config(QWEN_MODEL_ID) == GRPOConfig.qwen_t4()
+    assert course.course_config(QWEN_MODEL_ID) == GRPOConfig.qwen_t4(overwrite_output_dir=True)
     monkeypatch.setattr(course, "QUICK", True)  # CI on a GPU machine: still the tiny model
     assert course.model_name(real_on_gpu=True) == "tiny"
     monkeypatch.setattr(course, "QUICK", False)
@@ -45,7 +45,8 @@ def test_real_on_gpu_asks_for_qwen_only_where_a_gpu_is(gpu, monkeypatch):
 
 def test_course_config_passes_overrides_to_the_preset():
     config = course.course_config("tiny", beta=0.0, max_steps=3)
-    assert config == GRPOConfig.tiny_cpu(beta=0.0, max_steps=3)
+    assert config == GRPOConfig.tiny_cpu(beta=0.0, max_steps=3, overwrite_output_dir=True)
+    assert not course.course_config("tiny", overwrite_output_dir=False).overwrite_output_dir
 
 
 def test_describe_names_the_device_and_the_model(gpu):
