@@ -223,13 +223,28 @@ class ValueModel(nn.Module):
 
 
 # --- config ----------------------------------------------------------------------------------------------
+# GRPO's fields that PPO has no use for, and what PPO does instead: set to anything but GRPOConfig's default, they
+# would be silently ignored, so PPOConfig refuses them.
+GRPO_ONLY_FIELDS = {
+    "loss_type": "PPO's policy loss is always a token mean over the batch (clipped_policy_loss)",
+    "scale_rewards": "PPO scales its advantages by whitening them over the batch (whiten_advantages)",
+    "baseline": "PPO's baseline is the critic's V(s_t), through GAE (gamma, lam)",
+    "importance_sampling_level": "PPO's ratio is always per token",
+    "std_ddof": "PPO's whitening uses the Bessel-corrected variance over the batch's tokens (masked_whiten)",
+    "advantage_epsilon": "PPO's whitening has its own epsilon (whiten_epsilon)",
+    "num_iterations": "PPO's passes over each rollout are num_ppo_epochs, in num_mini_batches shuffled mini-batches",
+}
+
+
 @dataclass
 class PPOConfig(GRPOConfig):
-    """GRPOConfig's fields (same names, same meaning) plus PPO's critic and GAE.
+    """GRPOConfig's fields (same names, same meaning) plus PPO's critic, GAE and epochs (TRL's PPOConfig names).
 
     The KL is in the per-token reward with the k1 estimator (InstructGPT, TRL's
-    PPOTrainer), not in the loss; `num_iterations` is PPO's number of epochs
-    over each rollout; the policy loss is a token mean over the batch.
+    PPOTrainer), not in the loss; the policy loss is a token mean over the batch.
+    Each rollout is used for num_ppo_epochs passes, each in num_mini_batches
+    shuffled mini-batches, one optimizer step per mini-batch (TRL: 4 and 1).
+    GRPO-only fields (GRPO_ONLY_FIELDS) must keep their defaults.
     """
 
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -238,6 +253,11 @@ class PPOConfig(GRPOConfig):
     """Discount per token. 1.0 for RLHF: the one reward comes at the end and every token shares it."""
     lam: float = 0.95
     """GAE lambda in [0, 1]: 0 = one-step TD (low variance, biased by V), 1 = Monte Carlo (unbiased, noisy)."""
+    num_ppo_epochs: int = 4
+    """Passes over each rollout (TRL 4). Each pass reshuffles the N completions into mini-batches."""
+    num_mini_batches: int = 1
+    """Mini-batches per pass, one optimizer step each (TRL 1); must divide N. Micro-batches of
+    per_device_train_batch_size (or the whole mini-batch, if smaller) accumulate inside one."""
     vf_coef: float = 0.1
     """Weight of the critic's loss in loss = policy_loss + vf_coef * value_loss (TRL 0.1)."""
     cliprange_value: float = 0.2
@@ -250,13 +270,41 @@ class PPOConfig(GRPOConfig):
     """Entropy bonus weight (0 = none, as TRL's PPOTrainer; 0.001-0.01 keeps exploration up)."""
     critic_learning_rate: float | None = None
     """AdamW step size of the critic; None = learning_rate."""
+    critic_max_grad_norm: float | None = None
+    """Clip the critic's gradient norm to this, apart from the policy's (max_grad_norm); None = max_grad_norm,
+    0 = no clipping. One norm over both models would let the larger gradient shrink the other's step."""
+    critic_warmup_steps: int = 0
+    """Training steps at the start that train only the critic (the policy samples but does not move), so the
+    first policy updates see advantages from a critic that has learnt something. They count as steps."""
 
     def validate(self) -> None:
         super().validate()
+        for name, instead in GRPO_ONLY_FIELDS.items():
+            default = GRPOConfig.__dataclass_fields__[name].default
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r}: PPO does not use {name} ({instead}). "
+                    f"Leave {name} at its default ({default!r})."
+                )
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"gamma={self.gamma}: the discount must be in [0, 1] (1.0 for RLHF).")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"lam={self.lam}: GAE's lambda must be in [0, 1] (typical 0.95).")
+        if self.num_ppo_epochs < 1:
+            raise ValueError(f"num_ppo_epochs={self.num_ppo_epochs}: it must be >= 1 (TRL 4).")
+        n, k = self.num_completions, self.num_mini_batches
+        if k < 1 or n % k != 0:
+            divisors = [d for d in range(1, n + 1) if n % d == 0]
+            raise ValueError(
+                f"num_mini_batches={k} does not divide the {n} completions of a step: choose one of "
+                f"{', '.join(map(str, divisors))}."
+            )
+        micro = min(self.per_device_train_batch_size, n // k)
+        if (n // k) % micro != 0:
+            raise ValueError(
+                f"mini-batches of {n // k} completions do not split into micro-batches of "
+                f"per_device_train_batch_size={self.per_device_train_batch_size}: choose a divisor of {n // k}."
+            )
         if self.vf_coef <= 0:
             raise ValueError(f"vf_coef={self.vf_coef}: the critic's loss weight must be > 0 (typical 0.1-1).")
         if self.cliprange_value <= 0:
@@ -269,15 +317,31 @@ class PPOConfig(GRPOConfig):
             raise ValueError(
                 f"critic_learning_rate={self.critic_learning_rate}: it must be > 0, or None to use learning_rate."
             )
+        if self.critic_max_grad_norm is not None and self.critic_max_grad_norm < 0:
+            raise ValueError(
+                f"critic_max_grad_norm={self.critic_max_grad_norm}: it must be >= 0 (0 = no clipping), or None "
+                "to use max_grad_norm."
+            )
+        if self.critic_warmup_steps < 0:
+            raise ValueError(f"critic_warmup_steps={self.critic_warmup_steps}: it must be >= 0 (0 = no warm-up).")
 
     @property
     def value_learning_rate(self) -> float:
         return self.learning_rate if self.critic_learning_rate is None else self.critic_learning_rate
 
+    @property
+    def value_max_grad_norm(self) -> float:
+        """The critic's gradient-norm clip actually used (critic_max_grad_norm, or max_grad_norm when None)."""
+        return self.max_grad_norm if self.critic_max_grad_norm is None else self.critic_max_grad_norm
+
+    @property
+    def mini_batch_size(self) -> int:
+        """Completions per optimizer step: N / num_mini_batches."""
+        return self.num_completions // self.num_mini_batches
+
     @classmethod
     def tiny_cpu(cls, **overrides) -> PPOConfig:
-        """GRPOConfig.tiny_cpu() plus the critic's settings: it learns at 1e-3, ~3x the policy's 3e-4 (a
-        regression onto returns tolerates a larger step; chosen by hand, not swept)."""
+        """GRPOConfig.tiny_cpu() plus the critic's settings (TINY_PPO_SETTINGS, below)."""
         return super().tiny_cpu(**{**TINY_PPO_SETTINGS, **overrides})
 
     @classmethod
@@ -286,7 +350,11 @@ class PPOConfig(GRPOConfig):
         return super().qwen_t4(**{"critic_learning_rate": 1e-5, **overrides})
 
 
-TINY_PPO_SETTINGS = dict(critic_learning_rate=1e-3, vf_coef=0.1, lam=0.95)
+# The critic learns at 1e-3, ~3x the policy's 3e-4 (a regression onto returns tolerates a larger step); 4 epochs
+# in 2 mini-batches give it 8 steps per rollout; 3 critic-only steps first. Chosen by hand, not swept.
+TINY_PPO_SETTINGS = dict(
+    critic_learning_rate=1e-3, vf_coef=0.1, lam=0.95, num_ppo_epochs=4, num_mini_batches=2, critic_warmup_steps=3
+)
 
 
 # --- the trainer -------------------------------------------------------------------------------------------
@@ -369,6 +437,12 @@ class PPOTrainer(Trainer):
 
     # --- the update -------------------------------------------------------------------------------------------
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+        """Score the rollout once, then num_ppo_epochs passes over it in shuffled mini-batches (TRL's order).
+
+        During the first critic_warmup_steps steps only the critic learns. The
+        learning-rate schedule advances once per training step, as in TRL.
+        """
+        config = self.config
         started = time.perf_counter()
         scored = self.score_rollout(rollout, rewards)
         mask = scored["mask"]
@@ -378,44 +452,96 @@ class PPOTrainer(Trainer):
             "advantages/abs_mean": masked_mean(scored["advantages"].abs(), mask).item(),
             "values/mean": masked_mean(scored["old_values"], mask).item(),
             "returns/mean": masked_mean(scored["returns"], mask).item(),
+            # the critic as it was before this step's updates, on completions it has never seen: its real skill
             "values/explained_variance": explained_variance(scored["old_values"], scored["returns"], mask),
         }
-        for _ in range(self.config.num_iterations):
-            metrics.update(self.update_policy_and_critic(rollout, scored))
+        train_policy = self.step >= config.critic_warmup_steps
+        num_rows = len(rollout.input_ids)
+        fitted_values = torch.zeros_like(scored["old_values"])  # (N, T), the last pass's predictions
+        totals: dict[str, float] = {}
+        updates = config.num_ppo_epochs * config.num_mini_batches
+        for _ in range(config.num_ppo_epochs):
+            order = torch.randperm(num_rows)  # the global generator: checkpointed, so a resumed run reshuffles alike
+            for indices in order.chunk(config.num_mini_batches):
+                step_metrics = self.update_mini_batch(rollout, scored, indices.to(self.device), train_policy)
+                fitted_values[indices] = step_metrics.pop("values")
+                for key, value in step_metrics.items():
+                    totals[key] = totals.get(key, 0.0) + value / updates
+        metrics.update(totals)
+        # the same, after num_ppo_epochs - 1 passes of fitting on these very completions: how well it can fit them
+        metrics["values/explained_variance_fitted"] = explained_variance(fitted_values, scored["returns"], mask)
+        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics["critic_warmup"] = float(not train_policy)
+        self.scheduler.step()
         return metrics
 
-    def update_policy_and_critic(self, rollout: Rollout, scored: dict) -> dict:
-        """One PPO epoch: loss = policy_loss + vf_coef * value_loss - entropy bonus, in micro-batches.
+    def update_mini_batch(self, rollout: Rollout, scored: dict, indices: torch.Tensor, train_policy: bool) -> dict:
+        """One optimizer step on the rows `indices`: loss = policy_loss + vf_coef * value_loss - entropy bonus.
 
-        One backward pass through both models per micro-batch (as TRL's
-        PPOTrainer): the policy's and the critic's activations are alive together.
+        The rows run in micro-batches of per_device_train_batch_size, each
+        loss divided by their number (the gradient of their mean). One backward
+        pass through both models per micro-batch (as TRL's PPOTrainer): the
+        policy's and the critic's activations are alive together. Without
+        train_policy (critic warm-up) only the value loss is computed.
+        Returns the mean metrics, plus "values": the critic's predictions (n, T).
         """
         config = self.config
-        input_ids, attention_mask = rollout.input_ids, rollout.attention_mask
+        input_ids, attention_mask = rollout.input_ids[indices], rollout.attention_mask[indices]
         T = rollout.completion_ids.shape[1]
-
-        def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
-            mask = scored["mask"][rows]
+        size = min(config.per_device_train_batch_size, len(indices))
+        chunks = list(range(0, len(indices), size))
+        totals: dict[str, float] = {}
+        values_seen = []
+        self.optimizer.zero_grad(set_to_none=True)
+        for start in chunks:
+            rows = slice(start, start + size)
+            picked = indices[rows]
+            mask = scored["mask"][picked]
             with precision_context(self.device):
-                logps, entropy = per_token_logps(
-                    self.model, input_ids[rows], attention_mask[rows], T, config.temperature, config.logprob_chunk_size
-                )  # (n, T), (n, T)
                 values = self.critic(input_ids[rows], attention_mask[rows], T)  # (n, T)
-            policy_loss, policy_clipped = clipped_policy_loss(
-                logps, scored["old_logps"][rows], scored["advantages"][rows], mask, config.epsilon_low,
-                config.clip_epsilon_high,
-            )  # fmt: skip
+                if train_policy:
+                    logps, entropy = per_token_logps(
+                        self.model, input_ids[rows], attention_mask[rows], T, config.temperature,
+                        config.logprob_chunk_size,
+                    )  # fmt: skip
             value_loss, value_clipped = clipped_value_loss(
-                values, scored["old_values"][rows], scored["returns"][rows], mask, config.cliprange_value
+                values, scored["old_values"][picked], scored["returns"][picked], mask, config.cliprange_value
             )
-            loss = policy_loss + config.vf_coef * value_loss - entropy_bonus(entropy, mask, config.entropy_coef)
-            return loss, {
-                "loss": loss.item(),
-                "loss/policy": policy_loss.item(),
-                "loss/value": value_loss.item(),
-                "clip_ratio/region_mean": policy_clipped.item(),
-                "values/clipfrac": value_clipped.item(),
-                "entropy": masked_mean(entropy.detach(), mask).item(),
-            }
+            loss = config.vf_coef * value_loss
+            metrics = {"loss/value": value_loss.item(), "values/clipfrac": value_clipped.item()}
+            if train_policy:
+                policy_loss, policy_clipped = clipped_policy_loss(
+                    logps, scored["old_logps"][picked], scored["advantages"][picked], mask, config.epsilon_low,
+                    config.clip_epsilon_high,
+                )  # fmt: skip
+                loss = loss + policy_loss - entropy_bonus(entropy, mask, config.entropy_coef)
+                metrics.update(
+                    {
+                        "loss/policy": policy_loss.item(),
+                        "clip_ratio/region_mean": policy_clipped.item(),
+                        "entropy": masked_mean(entropy.detach(), mask).item(),
+                    }
+                )
+            (loss / len(chunks)).backward()
+            metrics["loss"] = loss.item()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value / len(chunks)
+            values_seen.append(values.detach())
+        totals.update(self.clip_and_step_per_model())
+        return {**totals, "values": torch.cat(values_seen)}
 
-        return self.accumulate_and_step(len(input_ids), micro_batch_loss)
+    def clip_and_step_per_model(self) -> dict:
+        """Clip the policy's gradient norm to max_grad_norm and the critic's to its own, then one AdamW step.
+
+        Returns grad_norm (the policy's, as GRPO logs it) and values/grad_norm, both before clipping.
+        """
+        policy_group, critic_group = self.optimizer.param_groups  # as optimizer_param_groups() built them
+        norms = {}
+        for key, group, max_norm in (
+            ("grad_norm", policy_group, self.config.max_grad_norm),
+            ("values/grad_norm", critic_group, self.config.value_max_grad_norm),
+        ):
+            norm = torch.nn.utils.clip_grad_norm_(group["params"], max_norm if max_norm > 0 else float("inf"))
+            norms[key] = norm.item()
+        self.optimizer.step()
+        return norms
