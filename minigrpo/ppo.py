@@ -21,9 +21,19 @@ then asks the critic for V(s_t) and turns both into advantages with GAE:
     A_t     = delta_t + gamma * lam * A_{t+1}         returns R_t = A_t + V(s_t)
 
 The policy loss is the clipped surrogate with these per-token A_t (whitened
-over the batch); the critic regresses V(s_t) on R_t with its own clip. GRPO
-replaces all of this with A_i = (R_i - mean(R)) / std(R) over the group: no
-critic (a second full-size model with its gradients and Adam state), no GAE.
+over the batch); the critic regresses V(s_t) on R_t with its own clip. Each
+rollout is scored once, then reused for num_ppo_epochs passes in shuffled
+mini-batches (TRL's PPOTrainer), the critic with its own learning rate and its
+own gradient clip. GRPO replaces all of this with A_i = (R_i - mean(R)) / std(R)
+over the group: no critic (a second full-size model with its gradients and
+Adam state), no GAE.
+
+You should know: a critic is only as good as what it can predict. On the
+arithmetic task the reward is whether the sum is right; before the answer is
+written, the prompt explains ~6% of the reward's variance (sampling luck is
+the rest), and after it, the critic would have to check the sum itself. Its
+explained variance stays near 0 there (lesson 05), while on a reward it can
+read off the completion it rises (tests/test_ppo.py).
 
 Notation as everywhere: N completions, T completion tokens (right-padded),
 `mask` / `completion_mask` (N, T) is 1 on real tokens, a prefix of each row.
