@@ -193,6 +193,20 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return (1 - residual_variance / variance).item() if variance > 0 else float("nan")
 
 
+def prompt_share_of_variance(grouped_rewards: torch.Tensor) -> float:
+    """The share of the rewards' variance that lies between prompts: 1 - mean_b Var_g(R_bg) / Var(R). (B, G) -> float.
+
+    The best a critic can explain before a completion is written: at s_0 it sees only the prompt, so it can at
+    most learn each prompt's mean reward. The rest is sampling luck within a group, which only the completion's
+    tokens can reveal. Both variances Bessel-corrected; near 0 when every prompt is about as hard as another.
+    """
+    assert grouped_rewards.dim() == 2 and grouped_rewards.shape[1] >= 2, "grouped_rewards must be (B, G), G >= 2"
+    total = grouped_rewards.flatten().var()
+    if total == 0:
+        return float("nan")
+    return (1 - grouped_rewards.var(dim=1).mean() / total).item()
+
+
 # --- the critic ------------------------------------------------------------------------------------------
 class ValueModel(nn.Module):
     """V_phi(s_t): a copy of the policy's transformer with a scalar head instead of the vocabulary head.

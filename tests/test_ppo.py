@@ -1,6 +1,7 @@
 """PPO on the shared loop: GAE, value clipping, whitening, KL-in-reward by hand; a short run; resume; shared rollout."""
 
 import json
+import math
 import re
 
 import pytest
@@ -18,6 +19,7 @@ from minigrpo.ppo import (
     explained_variance,
     masked_whiten,
     per_token_rewards,
+    prompt_share_of_variance,
 )
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 from minigrpo.trainer import Trainer
@@ -339,3 +341,12 @@ def test_the_critic_learns_a_return_it_can_predict(tiny, train_dataset, ppo_conf
     explained = [m["values/explained_variance"] for m in trainer.train()]
     assert abs(explained[0]) < 1e-6  # the zero head: V = 0 everywhere
     assert sum(explained[-3:]) / 3 > 0.2, explained
+
+
+def test_prompt_share_of_variance_by_hand():
+    # two prompts: one always right, one always wrong -> all the variance is between prompts
+    assert prompt_share_of_variance(torch.tensor([[1.0, 1.0], [0.0, 0.0]])) == pytest.approx(1.0)
+    # each prompt half right: Var within = 1/3 (ddof 1, G = 4), Var(R) = 2/7 (N = 8) -> 1 - (1/3) / (2/7) = -1/6
+    grouped = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
+    assert prompt_share_of_variance(grouped) == pytest.approx(1 - (1 / 3) / (2 / 7))
+    assert math.isnan(prompt_share_of_variance(torch.ones(2, 3)))
