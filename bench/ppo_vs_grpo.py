@@ -36,14 +36,7 @@ import json
 import time
 from pathlib import Path
 
-from minigrpo.measure import compare_with_seeds, format_study_table, study_headline
-
-FULL = dict(seeds=[0, 1, 2, 3, 4], learning_rates=[1e-4, 3e-4, 1e-3], tuning_seeds=[100], steps=30, eval_steps=5,
-            prompts=16, train_size=2000, validation_size=200, eval_size=200)  # fmt: skip
-QUICK = dict(seeds=[0, 1], learning_rates=[1e-4, 3e-4], tuning_seeds=[100], steps=2, eval_steps=1, prompts=4,
-             train_size=200, validation_size=16, eval_size=16)  # fmt: skip
-# PPO's critic: the tiny preset's settings (PPOConfig.tiny_cpu's TINY_PPO_SETTINGS), restated so the record shows them.
-PPO_SETTINGS = dict(critic_learning_rate=1e-3, num_ppo_epochs=4, num_mini_batches=2, critic_warmup_steps=3)
+from minigrpo.measure import STUDY_SETTINGS, compare_with_seeds, format_study_table, study_headline
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,10 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings(args: argparse.Namespace) -> dict:
-    """The run's settings: FULL or QUICK, with the command line's values on top."""
-    chosen = dict(QUICK if args.quick else FULL)
-    given = dict(steps=args.steps, eval_steps=args.eval_steps, prompts=args.prompts, eval_size=args.eval_size,
-                 validation_size=args.validation_size, learning_rates=args.learning_rates)  # fmt: skip
+    """compare_with_seeds's arguments: STUDY_SETTINGS["full"] or ["quick"], with the command line's values on top."""
+    chosen = dict(STUDY_SETTINGS["quick" if args.quick else "full"])
+    given = dict(max_steps=args.steps, eval_steps=args.eval_steps, prompts_per_step=args.prompts,
+                 eval_size=args.eval_size, validation_size=args.validation_size,
+                 learning_rates=args.learning_rates)  # fmt: skip
     chosen.update({k: v for k, v in given.items() if v is not None})
     if args.seeds is not None:
         chosen["seeds"] = list(range(args.seeds))
@@ -76,23 +70,9 @@ def settings(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    s = settings(args)
     out = Path(args.out)
     started = time.perf_counter()
-    study = compare_with_seeds(
-        model=args.model,
-        seeds=s["seeds"],
-        learning_rates=s["learning_rates"],
-        tuning_seeds=s["tuning_seeds"],
-        max_steps=s["steps"],
-        eval_steps=s["eval_steps"],
-        train_size=s["train_size"],
-        validation_size=s["validation_size"],
-        eval_size=s["eval_size"],
-        output_dir=str(out / "runs"),
-        prompts_per_step=s["prompts"],
-        ppo_overrides=PPO_SETTINGS if args.model == "tiny" else None,
-    )
+    study = compare_with_seeds(model=args.model, output_dir=str(out / "runs"), **settings(args))
     study["wall_seconds"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     (out / "ppo_vs_grpo_seeds.json").write_text(json.dumps(study, indent=1))
