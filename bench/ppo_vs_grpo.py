@@ -1,89 +1,93 @@
-"""PPO vs GRPO on the same model, task, prompts and number of generated completions per step.
+"""PPO vs GRPO over several seeds, each algorithm's learning rate picked on a validation split of the training problems.
 
 Runs on any CPU (the tiny Qwen) or any CUDA machine, from a checkout of the repository after
 `pip install -e ".[bench]"`:
 
-    python bench/ppo_vs_grpo.py                                   # tiny Qwen on the CPU, a few minutes
-    python bench/ppo_vs_grpo.py --steps 3 --eval-size 32          # a smoke run
-    python bench/ppo_vs_grpo.py --model qwen0.5b-shape            # Qwen2.5-0.5B's shape, random weights (GPU, offline)
-    python bench/ppo_vs_grpo.py --model Qwen/Qwen2.5-0.5B-Instruct   # the real model (GPU, needs the Hub)
+    python bench/ppo_vs_grpo.py                    # tiny Qwen on the CPU: 5 seeds x 2 algorithms + tuning, ~30 min
+    python bench/ppo_vs_grpo.py --quick            # 2 seeds, 2 steps: the plumbing in about a minute (lesson 05)
+    python bench/ppo_vs_grpo.py --model qwen0.5b-shape --learning-rates 1e-6 --steps 10   # Qwen's shape (GPU)
 
-What is the same. Both algorithms start from the same weights, see the same B prompts per step in the same
-order, generate the same N = B x G completions per step with the same sampling code
-(`minigrpo.rollout.sample_group_rollout`, called by the shared `Trainer.collect_rollout`), are scored by the same
-reward functions (correctness + 0.1 x format, as `python -m minigrpo train`), use the same policy learning rate,
-clip range, KL coefficient beta and reference model. What differs is the algorithm: GRPO's advantage is the
-group-normalised reward with the KL in the loss; PPO's comes from a critic (a copy of the policy's transformer with
-a scalar head, trained alongside) through GAE, with the KL inside the per-token reward.
+Protocol (minigrpo.measure.compare_with_seeds):
+1. Tuning. For each algorithm, each learning rate of the same grid (--learning-rates) is trained with the tuning
+   seed(s) and scored by greedy accuracy on --validation-size problems held back from the *training* problems
+   (minigrpo.measure.training_problems: no copy of them is trained on). The test set is never looked at.
+2. Seeds. Each algorithm at its chosen learning rate, once per seed (--seeds, distinct from the tuning seeds), each
+   run in a fresh Python process so that one's freed memory cannot hide another's peak.
+3. Both algorithms see the same prompts in the same order for a given seed, generate the same N = B x G completions
+   per step with the same sampling code, and are scored by the same rewards (correctness + 0.1 x format). Compared
+   at equal sampled completions (the end of every run) and at equal wall-clock (the faster algorithm's longest run,
+   tau: every run is read at its last evaluation before tau).
 
-What is measured (see `minigrpo.measure.run_algorithm`), each algorithm in a fresh Python process so that one's freed
-memory cannot hide the other's peak:
-- parameters held in memory, trainable and frozen, per model (policy, reference, critic);
-- peak memory. GPU: torch.cuda.max_memory_allocated() since just before the model was loaded. CPU: the peak resident
-  set size (VmHWM, reset through /proc/self/clear_refs just before the model is loaded) minus the RSS at that moment,
-  i.e. what the models, optimizer state, activations and generation added on top of Python + torch + the datasets,
-  which are the same for both. (A whole-process RSS would add ~400 MB of libraries to both and hide the ratio.);
-- seconds per step: rollout (generation + reference log-probs), scoring (reward functions; for PPO also the
-  critic's values, the policy's log-probs for the KL-in-reward, and GAE), update (the gradient passes);
-- held-out greedy accuracy and mean training reward against completions generated.
+Reported, as mean +- 95% t-interval over seeds (minigrpo.intervals): held-out test accuracy (at equal completions
+and at equal time), peak memory (GPU: max_memory_allocated; CPU: peak RSS above the RSS before the model was
+loaded), seconds per step (rollout / scoring / update), parameters (trainable, frozen), and for PPO the critic's
+explained variance (mean of its last 5 steps, measured on each fresh rollout before the update).
 
-Writes <out>/ppo_vs_grpo.json (the results dict) and <out>/ppo_vs_grpo.png; the last printed line is one JSON
-object: grpo_peak_mem, ppo_peak_mem (bytes), peak_memory_ratio (GRPO / PPO), grpo_accuracy, ppo_accuracy, ...
+Writes <out>/ppo_vs_grpo_seeds.json (every run's numbers and curves, the tuning scores, the summary) and
+<out>/ppo_vs_grpo_seeds.png (curves with bands). The last printed line is one JSON object with grpo_accuracy_ci,
+ppo_accuracy_ci (95% intervals at equal completions), their equal-time twins, peak memory, and
+critic_explained_variance_final.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
-from minigrpo.measure import compare_ppo_grpo, format_table, summary
+from minigrpo.measure import STUDY_SETTINGS, compare_with_seeds, format_study_table, study_headline
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny | qwen0.5b-shape | a Hub id or local path")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (tiny: 60, else 10)")
-    parser.add_argument("--eval-steps", type=int, default=None, help="evaluate every this many steps")
-    parser.add_argument("--prompts", type=int, default=None, help="B, prompts per step (preset's default)")
-    parser.add_argument("--generations", type=int, default=None, help="G, completions per prompt (preset: 8)")
-    parser.add_argument("--max-completion-length", type=int, default=None, help="T_max (preset's default)")
-    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (tiny: 200, else 64)")
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 2 steps, small sets: the plumbing only")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per algorithm (full: 5)")
+    parser.add_argument("--learning-rates", type=float, nargs="+", default=None, help="the grid (full: 1e-4 3e-4 1e-3)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run (full: 30)")
+    parser.add_argument("--eval-steps", type=int, default=None, help="test accuracy every this many steps (full: 5)")
+    parser.add_argument("--prompts", type=int, default=None, help="B, prompts per step (full: 16); G = 8")
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out test problems (full: 200)")
+    parser.add_argument("--validation-size", type=int, default=None, help="training problems held back (full: 200)")
     parser.add_argument("--out", default="runs/ppo_vs_grpo", help="folder for the JSON, the PNG and the runs")
     return parser.parse_args(argv)
 
 
+def settings(args: argparse.Namespace) -> dict:
+    """compare_with_seeds's arguments: STUDY_SETTINGS["full"] or ["quick"], with the command line's values on top."""
+    chosen = dict(STUDY_SETTINGS["quick" if args.quick else "full"])
+    given = dict(max_steps=args.steps, eval_steps=args.eval_steps, prompts_per_step=args.prompts,
+                 eval_size=args.eval_size, validation_size=args.validation_size,
+                 learning_rates=args.learning_rates)  # fmt: skip
+    chosen.update({k: v for k, v in given.items() if v is not None})
+    if args.seeds is not None:
+        chosen["seeds"] = list(range(args.seeds))
+    if len(chosen["seeds"]) < 2:
+        raise SystemExit(f"--seeds {len(chosen['seeds'])}: an interval needs at least 2 seeds (5 to rank anything).")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    tiny = args.model == "tiny"
-    steps = args.steps if args.steps is not None else (60 if tiny else 10)
-    overrides = {
-        "prompts_per_step": args.prompts,
-        "num_generations": args.generations,
-        "max_completion_length": args.max_completion_length,
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
     out = Path(args.out)
-    results = compare_ppo_grpo(
-        model=args.model,
-        max_steps=steps,
-        eval_steps=args.eval_steps if args.eval_steps is not None else max(1, steps // 4),
-        eval_size=args.eval_size if args.eval_size is not None else (200 if tiny else 64),
-        output_dir=str(out / "runs"),
-        **overrides,
-    )
+    started = time.perf_counter()
+    study = compare_with_seeds(model=args.model, output_dir=str(out / "runs"), **settings(args))
+    study["wall_seconds"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
-    (out / "ppo_vs_grpo.json").write_text(json.dumps(results, indent=1))
+    (out / "ppo_vs_grpo_seeds.json").write_text(json.dumps(study, indent=1))
     import matplotlib
 
     matplotlib.use("Agg")
-    from minigrpo.plots import plot_ppo_vs_grpo
+    from minigrpo.plots import plot_curves_with_bands
 
-    plot_ppo_vs_grpo(results).savefig(out / "ppo_vs_grpo.png", dpi=120, bbox_inches="tight")
-    print(format_table(results))
-    print(f"wrote {out / 'ppo_vs_grpo.json'} and {out / 'ppo_vs_grpo.png'}")
-    print(json.dumps(summary(results)))
-    return results
+    plot_curves_with_bands(study).savefig(out / "ppo_vs_grpo_seeds.png", dpi=120, bbox_inches="tight")
+    print(format_study_table(study))
+    print(
+        f"wrote {out / 'ppo_vs_grpo_seeds.json'} and {out / 'ppo_vs_grpo_seeds.png'} in {study['wall_seconds']:.0f} s"
+    )
+    print(json.dumps(study_headline(study)))
+    return study
 
 
 if __name__ == "__main__":

@@ -365,3 +365,41 @@ def plot_ppo_vs_grpo(results: dict) -> Figure:
     fig.suptitle(f"PPO vs GRPO: model {results.get('model', '?')} on {results.get('device', '?')}")
     fig.tight_layout()
     return fig
+
+
+def plot_curves_with_bands(study: dict) -> Figure:
+    """Several seeds per algorithm: mean (line) and 95% t-interval (band) of the held-out accuracy against
+    completions generated and against training seconds, and of the critic's explained variance.
+
+    study: minigrpo.measure.compare_with_seeds's result; reads study["bands"] = {name: {"completions",
+    "seconds", and for PPO "explained_variance"}: {"x", "mean", "low", "high"}}, "equal_time_seconds": tau}.
+    The dotted line on the time panel is tau, where the equal-time accuracy is read.
+    """
+    bands = study["bands"]
+    names = [name for name in bands if isinstance(bands[name], dict)]
+    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.0))
+    panels = (
+        ("completions", "completions generated", "held-out accuracy at equal completions"),
+        ("seconds", "training seconds (evaluation excluded)", "held-out accuracy at equal wall-clock"),
+        ("explained_variance", "completions generated", "critic's explained variance (before each update)"),
+    )
+    for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
+        for name in names:
+            if key not in bands[name]:
+                continue
+            curve, color = bands[name][key], ALGORITHM_COLORS.get(name, NEUTRAL)
+            step = "post" if key == "seconds" else None  # accuracy at time x is the last evaluation before x
+            ax.plot(curve["x"], curve["mean"], color=color, label=name, drawstyle="steps-post" if step else "default")
+            low = [math.nan if v is None else v for v in curve["low"]]
+            high = [math.nan if v is None else v for v in curve["high"]]
+            ax.fill_between(curve["x"], low, high, color=color, alpha=0.2, step=step, linewidth=0)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[1].axvline(bands["equal_time_seconds"], color="black", linestyle=":", linewidth=1)
+    axes[2].axhline(0.0, color="black", linewidth=0.8)
+    seeds = len(study.get("seeds", []))
+    fig.suptitle(f"PPO vs GRPO: mean and 95% interval over {seeds} seeds (model {study.get('model', '?')})")
+    fig.tight_layout()
+    return fig

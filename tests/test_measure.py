@@ -1,17 +1,28 @@
 """The benchmarks' measuring code: memory readers, a run in a fresh process, the PPO-vs-GRPO schema and table."""
 
+import json
+import math
+
 import pytest
 
+from minigrpo.intervals import band, mean_interval, t_critical_value, value_at
 from minigrpo.measure import (
     QWEN_SHAPE,
+    compare_with_seeds,
+    format_study_table,
     format_table,
     qwen_shape_config,
     reset_peak_rss,
     rss_bytes,
     run_algorithm,
     run_in_fresh_process,
+    study_bands,
+    study_headline,
+    study_summary,
     summary,
+    training_problems,
 )
+from minigrpo.tasks.arithmetic import make_arithmetic_dataset
 
 
 def test_rss_readers_see_a_new_allocation_in_the_peak():
@@ -40,7 +51,10 @@ def test_qwen_shape_is_qwen25_05b():
 
 def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
     overrides = dict(max_steps=1, eval_steps=1, prompts_per_step=2, num_generations=4, per_device_train_batch_size=8)
-    result = run_algorithm("ppo", "tiny", overrides, train_size=32, eval_size=8, output_dir=str(tmp_path))
+    arguments = dict(algorithm="ppo", model="tiny", config_overrides=overrides, train_size=32, eval_size=8,
+                     output_dir=str(tmp_path))  # fmt: skip
+    # in its own process, as the benchmark runs it: in this one, earlier tests' freed memory would hide the peak
+    result = run_in_fresh_process("minigrpo.measure", "run_algorithm", arguments)
     assert set(result["params"]) == {"policy", "reference", "critic"}
     assert result["params"]["critic"]["trainable"] > result["params"]["policy"]["trainable"]  # + the value head
     assert result["params"]["reference"] == {"trainable": 0, "frozen": result["params"]["policy"]["trainable"]}
@@ -66,3 +80,152 @@ RESULT = {
     "accuracy": 0.3,
     "train_seconds": 3.0,
 }
+
+
+# --- intervals over seeds ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "confidence, df, expected",  # the printed t tables
+    [(0.95, 1, 12.706), (0.95, 2, 4.303), (0.95, 4, 2.776), (0.95, 9, 2.262), (0.95, 30, 2.042), (0.90, 10, 1.812)],
+)
+def test_t_critical_value_matches_the_table(confidence, df, expected):
+    assert t_critical_value(confidence, df) == pytest.approx(expected, abs=1e-3)
+
+
+def test_t_critical_value_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 41):
+        for confidence in (0.8, 0.95, 0.99):
+            expected = stats.t.ppf((1 + confidence) / 2, df)
+            assert t_critical_value(confidence, df) == pytest.approx(expected, rel=1e-9)
+
+
+def test_mean_interval_by_hand():
+    interval = mean_interval([0.5, 0.6, 0.7])  # mean 0.6, s = 0.1, t(0.95, 2) = 4.3027
+    assert interval["mean"] == pytest.approx(0.6)
+    assert interval["half_width"] == pytest.approx(4.302653 * 0.1 / 3**0.5, rel=1e-6)
+    assert (interval["low"], interval["high"]) == pytest.approx((0.6 - 0.248414, 0.6 + 0.248414), abs=1e-6)
+    assert mean_interval([2.0, 2.0])["half_width"] == 0.0
+    one = mean_interval([0.3])
+    assert one["mean"] == 0.3 and math.isnan(one["half_width"]) and one["n"] == 1
+    with pytest.raises(ValueError, match="run at least one seed"):
+        mean_interval([])
+    with pytest.raises(ValueError, match="df >= 1"):
+        t_critical_value(0.95, 0)
+
+
+def test_value_at_reads_the_last_evaluation_at_or_before_x():
+    xs, ys = [10, 20, 30], [None, 0.5, 0.7]
+    assert [value_at(xs, ys, x, start=0.4) for x in (0, 10, 19, 20, 29, 30, 99)] == [0.4, 0.4, 0.4, 0.5, 0.5, 0.7, 0.7]
+
+
+def test_band_is_the_interval_over_runs_at_each_x():
+    runs = [
+        {"accuracy_before": 0.2, "curve": {"seconds": [1.0, 2.0], "eval/accuracy": [0.4, 0.6]}},
+        {"accuracy_before": 0.4, "curve": {"seconds": [1.5, 3.0], "eval/accuracy": [0.6, 0.8]}},
+    ]
+    curve = band(runs, "seconds", "eval/accuracy", [0.0, 1.0, 2.0, 3.0], "accuracy_before")
+    assert curve["x"] == [0.0, 1.0, 2.0, 3.0]
+    assert curve["mean"] == pytest.approx([0.3, 0.4, 0.6, 0.7])  # at 1.0: run 1 has 0.4, run 2 still its 0.4
+    assert curve["high"][2] == pytest.approx(0.6) and curve["low"][2] == pytest.approx(0.6)  # equal values
+    # at 3.0: 0.6 and 0.8, s = 0.1414, half-width = t(0.95, 1) * s / sqrt(2) = 12.7062 * 0.1
+    assert curve["high"][3] - curve["mean"][3] == pytest.approx(1.270620, rel=1e-5)
+
+
+# --- the study: validation split, summary at equal completions and equal time, table, last line ---------------
+def test_training_problems_hold_back_distinct_problems_never_trained_on():
+    train, validation = training_problems(300, 40)
+    assert len(validation) == 40 == len(set(validation["question"]))
+    assert not set(validation["question"]) & set(train["question"])
+    assert len(train) + len(validation) <= 340 and len(train) >= 300 - 40  # every copy of a held-back one leaves
+    assert not set(validation["question"]) & set(make_arithmetic_dataset(200, "test", seed=0)["question"])
+    again, _ = training_problems(300, 40)
+    assert again["question"] == train["question"]  # deterministic
+    assert len(training_problems(50)[1]) == 0
+    with pytest.raises(ValueError, match="validation_size=40 is more than half"):
+        training_problems(30, 40)
+
+
+def test_run_algorithm_validation_needs_held_back_problems():
+    with pytest.raises(ValueError, match="validation_size >= 1"):
+        run_algorithm("grpo", evaluate_on="validation")
+    with pytest.raises(ValueError, match="choose 'test' or 'validation'"):
+        run_algorithm("grpo", evaluate_on="train")
+
+
+def seeded_run(accuracies, seconds, before=0.3, variance=None):
+    """A run_algorithm result with evaluations at steps 1 and 2 (8 completions per step)."""
+    return {
+        **RESULT,
+        "accuracy_before": before,
+        "accuracy": accuracies[-1],
+        "curve": {
+            "completions": [8, 16],
+            "seconds": seconds,
+            "reward": [0.1, 0.2],
+            "eval/accuracy": accuracies,
+            "values/explained_variance": variance or [None, None],
+        },
+        "config": {"learning_rate": 3e-4},
+    }
+
+
+STUDY_RUNS = {
+    "grpo": [seeded_run([0.4, 0.5], [1.0, 2.0]), seeded_run([0.5, 0.7], [1.0, 2.5])],
+    "ppo": [
+        seeded_run([0.45, 0.6], [3.0, 6.0], variance=[0.0, 0.1]),
+        seeded_run([0.5, 0.6], [2.0, 5.0], variance=[0.2, 0.3]),
+    ],
+}  # fmt: skip
+
+
+def test_study_summary_at_equal_completions_and_equal_time():
+    summary = study_summary(STUDY_RUNS, last_steps=1)
+    assert summary["faster"] == "grpo" and summary["equal_time_seconds"] == 2.5  # grpo's longest run
+    grpo, ppo = summary["algorithms"]["grpo"], summary["algorithms"]["ppo"]
+    assert grpo["accuracy_equal_completions"]["mean"] == pytest.approx(0.6)
+    assert grpo["accuracy_equal_time"]["mean"] == pytest.approx(0.6)  # every grpo run is read at its end
+    # by 2.5 s PPO seed 0 has not reached its first evaluation (3.0 s): 0.3 before; seed 1 has 0.5 (at 2.0 s)
+    assert ppo["accuracy_equal_time"]["mean"] == pytest.approx(0.4)
+    assert ppo["accuracy_equal_completions"]["half_width"] == 0.0
+    assert ppo["explained_variance_final"]["mean"] == pytest.approx(0.2)  # last step: 0.1 and 0.3
+    assert "explained_variance_final" not in grpo
+
+
+def test_study_table_and_last_line():
+    study = {
+        "device": "cpu",
+        "model": "tiny",
+        "seeds": [0, 1],
+        "runs": STUDY_RUNS,
+        "summary": study_summary(STUDY_RUNS),
+    }
+    table = format_study_table(study)
+    assert "test acc. @ 16 completions" in table and "0.600 +- " in table
+    assert "mean +- 95% t-interval over 2 seeds" in table and "NOT comparable" not in table
+    assert "NOT comparable" in format_study_table({**study, "fresh_processes": False})
+    headline = study_headline(study)
+    assert headline["grpo_accuracy_ci"][0] < 0.6 < headline["grpo_accuracy_ci"][1]
+    assert headline["ppo_accuracy_ci"] == [0.6, 0.6]
+    assert headline["critic_explained_variance_final"] == pytest.approx(0.15)  # mean of (0.0, 0.1) and (0.2, 0.3)
+    json.loads(json.dumps(headline))  # one line of valid JSON
+
+
+def test_study_bands_feed_the_figure():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minigrpo.plots import plot_curves_with_bands
+
+    bands = study_bands(STUDY_RUNS, 2.5, points=6)
+    assert bands["grpo"]["completions"]["x"] == [0, 8, 16]
+    assert bands["grpo"]["completions"]["mean"] == pytest.approx([0.3, 0.45, 0.6])
+    assert bands["ppo"]["explained_variance"]["mean"] == pytest.approx([0.1, 0.2])
+    assert "explained_variance" not in bands["grpo"] and bands["equal_time_seconds"] == 2.5
+    fig = plot_curves_with_bands({"model": "tiny", "seeds": [0, 1], "bands": bands})
+    assert [ax.get_title() for ax in fig.axes][1] == "held-out accuracy at equal wall-clock"
+    assert len(fig.axes[2].lines) == 2  # PPO's explained variance and the zero line
+
+
+def test_compare_with_seeds_refuses_tuning_seeds_among_the_reported_ones():
+    with pytest.raises(ValueError, match=r"seeds and tuning_seeds share \[0\]"):
+        compare_with_seeds(seeds=[0, 1], tuning_seeds=[0])

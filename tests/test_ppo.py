@@ -1,6 +1,8 @@
 """PPO on the shared loop: GAE, value clipping, whitening, KL-in-reward by hand; a short run; resume; shared rollout."""
 
 import json
+import math
+import re
 
 import pytest
 import torch
@@ -14,8 +16,10 @@ from minigrpo.ppo import (
     clipped_policy_loss,
     clipped_value_loss,
     compute_gae,
+    explained_variance,
     masked_whiten,
     per_token_rewards,
+    prompt_share_of_variance,
 )
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 from minigrpo.trainer import Trainer
@@ -224,3 +228,125 @@ def test_ppo_trainer_wants_a_ppo_config(tiny, train_dataset, small_config):
         PPOTrainer(
             model, [correctness_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
         )
+
+
+# --- PPOConfig: PPO's own knobs, and GRPO's it would ignore --------------------------------------------------
+@pytest.mark.parametrize(
+    "field, value, instead",
+    [
+        ("loss_type", "dr_grpo", "token mean over the batch"),
+        ("scale_rewards", "none", "whiten_advantages"),
+        ("baseline", "rloo", "critic's V"),
+        ("importance_sampling_level", "sequence", "per token"),
+        ("std_ddof", 0, "Bessel-corrected"),
+        ("advantage_epsilon", 1e-3, "whiten_epsilon"),
+        ("num_iterations", 2, "num_ppo_epochs"),
+    ],
+)
+def test_ppo_config_refuses_grpo_only_fields_and_says_what_ppo_uses(field, value, instead):
+    with pytest.raises(ValueError, match=rf"{field}=.*PPO does not use {field} \(.*{instead}.*Leave {field} at"):
+        PPOConfig(**{field: value})
+    grpo_default = getattr(GRPOConfig(), field)
+    assert getattr(PPOConfig(**{field: grpo_default}), field) == grpo_default  # the default is fine
+
+
+def test_ppo_config_checks_epochs_mini_batches_and_critic_knobs():
+    with pytest.raises(ValueError, match="num_ppo_epochs=0"):
+        PPOConfig(num_ppo_epochs=0)
+    with pytest.raises(ValueError, match=r"num_mini_batches=3 does not divide the 128 completions.*1, 2, 4, 8"):
+        PPOConfig(prompts_per_step=16, num_mini_batches=3)  # 16 prompts x G=8
+    with pytest.raises(ValueError, match=r"mini-batches of 48 completions .* per_device_train_batch_size=32"):
+        PPOConfig(num_mini_batches=2, per_device_train_batch_size=32, prompts_per_step=12)  # N = 96
+    with pytest.raises(ValueError, match="critic_max_grad_norm=-1"):
+        PPOConfig(critic_max_grad_norm=-1)
+    with pytest.raises(ValueError, match="critic_warmup_steps=-1"):
+        PPOConfig(critic_warmup_steps=-1)
+    config = PPOConfig(prompts_per_step=16, num_mini_batches=4, max_grad_norm=0.5)
+    assert (config.mini_batch_size, config.value_max_grad_norm) == (32, 0.5)
+    assert PPOConfig(critic_max_grad_norm=2.0).value_max_grad_norm == 2.0
+
+
+def test_explained_variance_by_hand():
+    returns = torch.tensor([[1.0, 2.0, 3.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])  # the 9 is padding
+    # Var(R) over real tokens = 2/3; V = (1, 2, 2): residual (0, 0, 1), variance 2/9 -> 1 - (2/9)/(2/3) = 2/3
+    assert explained_variance(torch.tensor([[1.0, 2.0, 2.0, 0.0]]), returns, mask) == pytest.approx(2 / 3, abs=1e-6)
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full((1, 4), 5.0), returns, mask) == pytest.approx(0.0, abs=1e-6)  # a constant
+
+
+# --- the update: epochs x mini-batches, per-model clipping, critic warm-up ------------------------------------
+def make_trainer(tiny, train_dataset, ppo_config, **changes):
+    model, tokenizer = tiny
+    config = ppo_config.replace(**changes)
+    return PPOTrainer(model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer)
+
+
+def test_each_step_takes_epochs_times_mini_batches_optimizer_steps_and_one_schedule_step(
+    tiny, train_dataset, ppo_config
+):
+    trainer = make_trainer(tiny, train_dataset, ppo_config, max_steps=2, num_ppo_epochs=3, num_mini_batches=2)
+    history = trainer.train()
+    assert trainer.optimizer_steps == 2 * 3 * 2
+    assert trainer.scheduler.last_epoch == 2  # the learning-rate schedule counts training steps, as TRL's
+    assert {"values/explained_variance", "values/explained_variance_fitted", "values/grad_norm"} <= set(history[0])
+
+
+def test_gradients_are_clipped_per_model(tiny, train_dataset, ppo_config):
+    trainer = make_trainer(tiny, train_dataset, ppo_config, max_grad_norm=1.0, critic_max_grad_norm=0.0)
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.0  # look at the gradients only
+    policy = trainer.optimizer.param_groups[0]["params"]
+    critic = trainer.optimizer.param_groups[1]["params"]
+    for p in policy:
+        p.grad = torch.full_like(p, 10.0)
+    for p in critic:
+        p.grad = torch.full_like(p, 0.001)
+    norms = trainer.clip_and_step_per_model()
+    norm = lambda params: torch.sqrt(sum((p.grad**2).sum() for p in params)).item()  # noqa: E731
+    assert norms["grad_norm"] == pytest.approx(10.0 * sum(p.numel() for p in policy) ** 0.5, rel=1e-4)
+    assert norm(policy) == pytest.approx(1.0, rel=1e-4)  # clipped to max_grad_norm
+    assert all(torch.all(p.grad == 0.001) for p in critic)  # 0 = not clipped; one global norm would crush it
+    assert norms["values/grad_norm"] == pytest.approx(norm(critic), rel=1e-4)
+
+
+def test_critic_warmup_trains_only_the_critic(tiny, train_dataset, ppo_config):
+    trainer = make_trainer(tiny, train_dataset, ppo_config, max_steps=2, critic_warmup_steps=2)
+    policy_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    head_before = trainer.critic.value_head.weight.detach().clone()
+    history = trainer.train()
+    assert all(torch.equal(p, policy_before[n]) for n, p in trainer.model.named_parameters())
+    assert not torch.equal(trainer.critic.value_head.weight, head_before)
+    assert [m["critic_warmup"] for m in history] == [1.0, 1.0] and "loss/policy" not in history[0]
+    metrics = trainer.training_step()  # step index 2 >= critic_warmup_steps: the policy moves now
+    assert metrics["critic_warmup"] == 0.0 and "loss/policy" in metrics
+    assert any(not torch.equal(p, policy_before[n]) for n, p in trainer.model.named_parameters())
+
+
+def first_digit_is_even(prompts, completions, completion_ids=None, **columns) -> list[float]:
+    """A reward the critic can learn: known from the first answer digit on (correctness would need the sum)."""
+    digits = [re.search(r"<answer>-?(\d)", text) for text in completions]
+    return [float(d is not None and int(d.group(1)) % 2 == 0) for d in digits]
+
+
+def test_the_critic_learns_a_return_it_can_predict(tiny, train_dataset, ppo_config):
+    # The policy is frozen (critic warm-up all along), so the critic chases a fixed target. Its explained
+    # variance is measured on each fresh rollout before the update: completions it has never been fitted on.
+    model, tokenizer = tiny
+    config = ppo_config.replace(
+        max_steps=8, critic_warmup_steps=8, prompts_per_step=8, num_generations=8, per_device_train_batch_size=32,
+        num_ppo_epochs=4, num_mini_batches=2, critic_learning_rate=3e-3, beta=0.0,
+    )  # fmt: skip
+    trainer = PPOTrainer(model, [first_digit_is_even], config, train_dataset, processing_class=tokenizer)
+    explained = [m["values/explained_variance"] for m in trainer.train()]
+    assert abs(explained[0]) < 1e-6  # the zero head: V = 0 everywhere
+    assert sum(explained[-3:]) / 3 > 0.2, explained
+
+
+def test_prompt_share_of_variance_by_hand():
+    # two prompts: one always right, one always wrong -> all the variance is between prompts
+    assert prompt_share_of_variance(torch.tensor([[1.0, 1.0], [0.0, 0.0]])) == pytest.approx(1.0)
+    # each prompt half right: Var within = 1/3 (ddof 1, G = 4), Var(R) = 2/7 (N = 8) -> 1 - (1/3) / (2/7) = -1/6
+    grouped = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
+    assert prompt_share_of_variance(grouped) == pytest.approx(1 - (1 / 3) / (2 / 7))
+    assert math.isnan(prompt_share_of_variance(torch.ones(2, 3)))
