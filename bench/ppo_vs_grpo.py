@@ -36,7 +36,7 @@ import json
 import time
 from pathlib import Path
 
-from minigrpo.measure import STUDY_SETTINGS, compare_with_seeds, format_study_table, study_headline
+from minigrpo.study import STUDY_SETTINGS, compare_with_seeds, format_study_table, study_headline
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

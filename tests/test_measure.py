@@ -8,20 +8,16 @@ import pytest
 from minigrpo.intervals import band, mean_interval, t_critical_value, value_at
 from minigrpo.measure import (
     QWEN_SHAPE,
-    compare_with_seeds,
-    format_study_table,
     format_table,
     qwen_shape_config,
     reset_peak_rss,
     rss_bytes,
     run_algorithm,
     run_in_fresh_process,
-    study_bands,
-    study_headline,
-    study_summary,
     summary,
     training_problems,
 )
+from minigrpo.study import compare_with_seeds, format_study_table, study_bands, study_headline, study_summary
 from minigrpo.tasks.arithmetic import make_arithmetic_dataset
 
 
