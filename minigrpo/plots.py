@@ -388,7 +388,7 @@ def plot_curves_with_bands(study: dict) -> Figure:
             if key not in bands[name]:
                 continue
             curve, color = bands[name][key], ALGORITHM_COLORS.get(name, NEUTRAL)
-            step = "post" if key == "seconds" else None  # accuracy at time x is the last evaluation before x
+            step = None if key == "explained_variance" else "post"  # accuracy at x: the last evaluation before x
             ax.plot(curve["x"], curve["mean"], color=color, label=name, drawstyle="steps-post" if step else "default")
             low = [math.nan if v is None else v for v in curve["low"]]
             high = [math.nan if v is None else v for v in curve["high"]]

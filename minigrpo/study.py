@@ -21,16 +21,19 @@ def study_summary(runs: dict[str, list[dict]], last_steps: int = 5) -> dict:
 
     Equal wall-clock: tau = the longest run of the faster algorithm (training seconds, evaluation excluded).
     Every run is read at its last evaluation at or before tau, so the faster algorithm is read at its end
-    and the slower one wherever it had got to by then (value_at).
+    and the slower one wherever it had got to by then (value_at). With both algorithms and the same seeds,
+    "ppo_minus_grpo": the interval of the per-seed difference at each budget (paired by seed).
     """
     total_seconds = {name: [r["curve"]["seconds"][-1] for r in results] for name, results in runs.items()}
     faster = min(total_seconds, key=lambda name: sum(total_seconds[name]) / len(total_seconds[name]))
     tau = max(total_seconds[faster])
     summary = {"equal_time_seconds": tau, "faster": faster, "algorithms": {}}
+    per_seed = {}
     for name, results in runs.items():
         at_tau = [
             value_at(r["curve"]["seconds"], r["curve"]["eval/accuracy"], tau, r["accuracy_before"]) for r in results
         ]
+        per_seed[name] = [{"end": r["accuracy"], "tau": t} for r, t in zip(results, at_tau, strict=True)]
         entry = {
             "accuracy_equal_completions": mean_interval([r["accuracy"] for r in results]),
             "accuracy_equal_time": mean_interval(at_tau),
@@ -50,6 +53,13 @@ def study_summary(runs: dict[str, list[dict]], last_steps: int = 5) -> dict:
                 [sum(v[-last_steps:]) / len(v[-last_steps:]) for v in variances]
             )
         summary["algorithms"][name] = entry
+    if set(runs) == set(ALGORITHMS) and len(runs["grpo"]) == len(runs["ppo"]):
+        # Paired by seed: for one seed both saw the same prompts in the same order, so the per-seed difference
+        # cancels what the seed does to both (a tighter interval than comparing the two intervals).
+        summary["ppo_minus_grpo"] = {
+            budget: mean_interval([p[key] - g[key] for p, g in zip(per_seed["ppo"], per_seed["grpo"], strict=True)])
+            for budget, key in (("equal_completions", "end"), ("equal_time", "tau"))
+        }
     return summary
 
 
@@ -155,16 +165,19 @@ def compare_with_seeds(
 
 
 def study_bands(runs: dict[str, list[dict]], seconds: float, points: int = 40) -> dict:
-    """Curves with bands per algorithm: test accuracy against completions and against training seconds (up to
-    the longest run), and the critic's explained variance against completions (PPO)."""
+    """Curves with bands per algorithm: test accuracy against completions and against training seconds (each
+    algorithm up to its own longest run: a run that has ended is not shown going on), and the critic's explained
+    variance against completions (PPO)."""
     longest = max(r["curve"]["seconds"][-1] for results in runs.values() for r in results)
     time_grid = [longest * i / (points - 1) for i in range(points)]
     bands = {}
     for name, results in runs.items():
         completions = [0, *results[0]["curve"]["completions"]]
+        own_longest = max(r["curve"]["seconds"][-1] for r in results)
+        own_grid = [x for x in time_grid if x < own_longest] + [own_longest]
         bands[name] = {
             "completions": band(results, "completions", "eval/accuracy", completions, "accuracy_before"),
-            "seconds": band(results, "seconds", "eval/accuracy", time_grid, "accuracy_before"),
+            "seconds": band(results, "seconds", "eval/accuracy", own_grid, "accuracy_before"),
         }
         if all(v is not None for r in results for v in r["curve"]["values/explained_variance"]):
             bands[name]["explained_variance"] = band(
@@ -195,6 +208,8 @@ def format_study_table(study: dict) -> str:
          *[show(summary[n]["accuracy_equal_completions"], 3) for n in names]),
         (f"test acc. @ {study['summary']['equal_time_seconds']:.0f} s of training",
          *[show(summary[n]["accuracy_equal_time"], 3) for n in names]),
+        *[(f"PPO - GRPO, paired, {budget.replace('_', ' ')}", "", show(difference, 3))
+          for budget, difference in study["summary"].get("ppo_minus_grpo", {}).items()],
         ("critic explained variance", *[show(summary[n]["explained_variance_final"], 3)
                                        if "explained_variance_final" in summary[n] else "-" for n in names]),
     ]  # fmt: skip
@@ -224,6 +239,8 @@ def study_headline(study: dict) -> dict:
         "peak_memory_ratio": round(
             summary["grpo"]["peak_memory_mib"]["mean"] / summary["ppo"]["peak_memory_mib"]["mean"], 3
         ),
+        "ppo_minus_grpo_accuracy_ci": interval(study["summary"]["ppo_minus_grpo"]["equal_completions"]),
+        "ppo_minus_grpo_accuracy_equal_time_ci": interval(study["summary"]["ppo_minus_grpo"]["equal_time"]),
         "critic_explained_variance_final": round(summary["ppo"]["explained_variance_final"]["mean"], 4),
         "seeds": len(study["seeds"]),
         "device": study["device"],

@@ -225,3 +225,14 @@ def test_study_bands_feed_the_figure():
 def test_compare_with_seeds_refuses_tuning_seeds_among_the_reported_ones():
     with pytest.raises(ValueError, match=r"seeds and tuning_seeds share \[0\]"):
         compare_with_seeds(seeds=[0, 1], tuning_seeds=[0])
+
+
+def test_the_paired_difference_cancels_what_the_seed_does_to_both():
+    summary = study_summary(STUDY_RUNS)
+    difference = summary["ppo_minus_grpo"]
+    # equal completions: seed 0 0.6 - 0.5 = 0.1, seed 1 0.6 - 0.7 = -0.1; equal time (2.5 s): 0.3 - 0.5, 0.5 - 0.7
+    assert difference["equal_completions"]["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert difference["equal_time"]["mean"] == pytest.approx(-0.2)
+    assert difference["equal_time"]["half_width"] == pytest.approx(0.0, abs=1e-12)  # the same gap for both seeds
+    assert "PPO - GRPO, paired, equal time" in format_study_table({"device": "cpu", "model": "tiny", "seeds": [0, 1],
+                                                                   "summary": summary})  # fmt: skip
