@@ -135,6 +135,10 @@ class DynamicSamplingGRPOTrainer(GRPOTrainer):
     takes no optimizer step (there is no signal to follow).
     """
 
+    # Each rank would drop a different number of groups: DDP's gradient average and the step count would no
+    # longer match one process's, and a rank with no group left would skip the all-reduce the others wait in.
+    supports_distributed = False
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.config
