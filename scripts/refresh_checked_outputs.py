@@ -37,7 +37,8 @@ def refresh(path: Path, timeout: int) -> None:
     ).execute()
     for cell in nb.cells:
         if cell.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in cell.source:
-            cell.outputs = [o for o in cell.outputs if o.get("name") != "stderr"]
+            # what nbval compares: printed text and a cell's value (no stderr, no progress bars, no figures)
+            cell.outputs = [o for o in cell.outputs if o.get("name") == "stdout" or o.output_type == "execute_result"]
     stamp_colab.clean_outputs(nb)
     nbformat.write(nb, path)
     print(f"refreshed {path.relative_to(ROOT)}")
