@@ -43,7 +43,7 @@ COLAB_INSTALL: str | None = colab_install()
 
 # What the setup cell prints, in Colab, when minigrpo could not be installed from REPOSITORY_URL.
 INSTALL_HELP = """\
-minigrpo is not installed in this Colab session. Install it one of two ways, then run this cell again:
+minigrpo is not installed in this Colab runtime. Install it one of two ways, then run this cell again:
   1. A wheel: run `python -m build` in the repository on your computer, upload dist/minigrpo-*.whl
      (Files panel, on the left), and run `%pip install /content/minigrpo-*.whl` in a new cell.
   2. Google Drive: copy the repository to My Drive as minigrpo/, then run in a new cell:

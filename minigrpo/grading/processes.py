@@ -1,7 +1,7 @@
 """The grader's process hygiene: find and kill everything a notebook's kernel started.
 
-A kernel runs in a session of its own (jupyter_client starts it with
-`start_new_session=True`, so its session id is its pid), and the grader marks
+A kernel leads a POSIX process session (jupyter_client starts it through
+setsid, so its SID is its pid), and the grader marks
 its environment with $MINIGRPO_GRADING_RUN=<token>, which every child inherits.
 After grading, `kill_leftovers` kills every process of that session (the
 kernel's process group and anything else in it) and every process whose
