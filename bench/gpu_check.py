@@ -112,14 +112,19 @@ def minigrpo_steps(tokenizer, config, steps: int, trainer_class=None) -> dict:
         times.append(time.perf_counter() - started)
         generated = metrics["completions/mean_length"] * config.num_completions
         tokens_per_second.append(generated / metrics["time/rollout"])
-    result = {
+    del trainer, model
+    return step_figures(times, tokens_per_second)
+
+
+def step_figures(times: list[float], tokens_per_second: list[float]) -> dict:
+    """Median step time and generation speed (the first step, which compiles and warms up, left out when there
+    are more), and the peak of allocated GPU memory; the same figures for both trainers."""
+    return {
         "seconds_per_step": statistics.median(times[1:] or times),
         "generated_tokens_per_second": statistics.median(tokens_per_second[1:] or tokens_per_second),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / GiB,
         "step_times": times,
     }
-    del trainer, model
-    return result
 
 
 def trl_steps(tokenizer, config, steps: int, output_dir: str) -> dict:
@@ -162,14 +167,8 @@ def trl_steps(tokenizer, config, steps: int, output_dir: str) -> dict:
 
     trainer.add_callback(Clock())
     trainer.train()
-    result = {
-        "seconds_per_step": statistics.median(times[1:] or times),
-        "generated_tokens_per_second": statistics.median(tokens_per_second[1:] or tokens_per_second),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / GiB,
-        "step_times": times,
-    }
     del trainer, model
-    return result
+    return step_figures(times, tokens_per_second)
 
 
 # --- the checks ----------------------------------------------------------------------------------------
