@@ -61,10 +61,14 @@ def clipped_surrogate(
 def kl_penalty(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta. (N, T) -> (N, T).
 
-    With log_r = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020):
-      k1 = -log_r                unbiased, can be negative, high variance
-      k2 = log_r^2 / 2           biased, always >= 0
-      k3 = exp(log_r) - log_r - 1  unbiased, always >= 0, low variance (DeepSeekMath)
+    With log_r = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020), the
+    value (E over x ~ pi_theta) and, used as a loss, the expected gradient (minigrpo.kl):
+      k1 = -log_r                  value unbiased, can be negative, high variance; gradient 0
+      k2 = log_r^2 / 2             value biased, always >= 0; gradient of KL(pi_theta || pi_ref)
+      k3 = exp(log_r) - log_r - 1  value unbiased, always >= 0, low variance near pi_ref
+                                   (DeepSeekMath); gradient of the *forward* KL(pi_ref || pi_theta)
+    Multiplied by the ratio pi_theta / pi_old (use_bias_correction_kl), k3 keeps its value and
+    takes the gradient of KL(pi_theta || pi_ref).
     """
     log_r = ref_per_token_logps - per_token_logps  # (N, T)
     if estimator == "k1":

@@ -20,6 +20,7 @@ import torch
 from matplotlib.figure import Figure
 
 from minigrpo.advantages import group_relative_advantages
+from minigrpo.kl import KL_LOSSES, exact_kl_gradients, expected_kl_loss_gradient, kl_gradient_comparison
 from minigrpo.losses import clipped_surrogate, kl_penalty
 
 DEFAULT_CURVE_KEYS = (
@@ -216,6 +217,14 @@ def plot_clipped_objective(
 
 
 # --- KL estimators ------------------------------------------------------------------
+KL_STYLES = {
+    "k1": ("tab:gray", "--"),
+    "k2": ("tab:orange", "-."),
+    "k3": ("tab:blue", "-"),
+    "rho_k3": ("tab:green", ":"),
+}
+
+
 def kl_estimator_curves(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
     """k1, k2, k3 per token as functions of log r = log(pi_ref / pi_theta). (R,) -> each (R,)."""
     log_ratio = log_ratio.reshape(1, -1)  # (1, R): one "completion" of R tokens
@@ -224,12 +233,14 @@ def kl_estimator_curves(log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def kl_estimates(probs, ref_probs, num_samples: int = 0, seed: int = 0) -> dict[str, float]:
-    """Exact KL(pi_theta || pi_ref) of two small distributions, and what each estimator gives.
+    """Exact KL(pi_theta || pi_ref) of two small distributions, and what each estimator's *value* gives.
 
     probs, ref_probs: (V,) probabilities. "exact" = sum_v p log(p / q). "<k>_expected"
-    is E_{x ~ pi_theta}[k(x)], computed exactly (k1 and k3 are unbiased: they equal
-    "exact"; k2 is not). With num_samples > 0, "<k>_mean" / "<k>_std" are the mean and
-    std of the per-token values over that many samples from pi_theta.
+    is E_{x ~ pi_theta}[k(x)] and "<k>_variance" is Var_{x ~ pi_theta}[k(x)] (one token's
+    spread), both computed exactly: k1 and k3 are unbiased estimates of the value ("exact");
+    k2 is not. (As losses their *gradients* differ again: minigrpo.kl.) With num_samples > 0,
+    "<k>_mean" / "<k>_std" are the mean and std of the per-token values over that many samples
+    from pi_theta.
     """
     p = torch.as_tensor(probs, dtype=torch.float64)
     q = torch.as_tensor(ref_probs, dtype=torch.float64)
@@ -238,7 +249,9 @@ def kl_estimates(probs, ref_probs, num_samples: int = 0, seed: int = 0) -> dict[
     result = {"exact": float((p * (p.log() - q.log())).sum())}
     for name in ("k1", "k2", "k3"):
         per_token = kl_penalty(logp, logq, name).squeeze(0)  # (V,): the estimator's value at each outcome
-        result[f"{name}_expected"] = float((p * per_token).sum())
+        expected = (p * per_token).sum()
+        result[f"{name}_expected"] = float(expected)
+        result[f"{name}_variance"] = float((p * (per_token - expected) ** 2).sum())
         if num_samples > 0:
             generator = torch.Generator().manual_seed(seed)
             samples = torch.multinomial(p, num_samples, replacement=True, generator=generator)  # (S,)
@@ -261,35 +274,92 @@ def shifted_distributions(shift: float, V: int = 5) -> tuple[torch.Tensor, torch
 def plot_kl_estimators(
     log_ratio_max: float = 2.0, shifts: Sequence[float] | None = None, num_samples: int = 0
 ) -> Figure:
-    """Left: k1, k2, k3 per token against log(pi_ref / pi_theta). Right: their expectations under
-    pi_theta against the exact KL, for a policy drifting away from a fixed reference
-    (shifted_distributions); k1 and k3 lie on the exact line, k2 does not.
+    """Three panels, for a policy drifting away from a fixed reference (shifted_distributions).
+
+    Left: k1, k2, k3 of one token against log(pi_ref / pi_theta). Middle: their expectations under
+    pi_theta against the exact KL: k1 (circles) and k3 (line) lie on the exact KL (the wide grey
+    band), k2 does not. Right: the per-token variance of each, log scale (shifts with KL 0 have
+    variance 0 and are left out): k3's is the lowest near pi_ref (up to KL ~0.8 on this family) and
+    the highest far away (past KL ~1.05).
     """
     shifts = list(shifts) if shifts is not None else torch.linspace(0.0, 3.0, 31).tolist()
     log_ratio = torch.linspace(-log_ratio_max, log_ratio_max, 201)
     curves = kl_estimator_curves(log_ratio)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10.5, 3.8))
-    styles = {"k1": ("tab:gray", "--"), "k2": ("tab:orange", "-."), "k3": ("tab:blue", "-")}
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(14, 3.8))
     for name, values in curves.items():
-        color, line = styles[name]
+        color, line = KL_STYLES[name]
         left.plot(log_ratio, values, line, color=color, label=name)
     left.axhline(0.0, color="black", linewidth=0.6)
     left.set_xlabel(r"$\log r = \log \pi_{ref} / \pi_\theta$ (one token)")
     left.set_ylabel("per-token KL estimate")
     left.set_title("k1 can be negative; k2 and k3 never are", fontsize=10)
-    left.legend(fontsize=8)
-    left.grid(alpha=0.3)
     table = [kl_estimates(*shifted_distributions(s), num_samples=num_samples) for s in shifts]
     exact = [row["exact"] for row in table]
-    right.plot(exact, exact, color="black", linewidth=1, label="exact KL")
+    middle.plot(exact, exact, color="black", linewidth=6, alpha=0.2, label="exact KL")
+    for name, marker in (("k1", "o"), ("k2", ""), ("k3", "")):
+        color, line = KL_STYLES[name]
+        values = [row[f"{name}_expected"] for row in table]
+        style = dict(linestyle="none", marker="o", fillstyle="none") if marker else dict(linestyle=line)
+        middle.plot(exact, values, color=color, label=f"E[{name}]", **style)
+    middle.set_xlabel(r"exact KL($\pi_\theta \| \pi_{ref}$)")
+    middle.set_ylabel("expected estimate")
+    middle.set_title("values: E[k1] = E[k3] = KL, E[k2] is biased\n(as losses their gradients differ)", fontsize=10)
+    positive = [i for i, value in enumerate(exact) if value > 0]
     for name in ("k1", "k2", "k3"):
-        color, line = styles[name]
-        right.plot(exact, [row[f"{name}_expected"] for row in table], line, color=color, label=f"E[{name}]")
+        color, line = KL_STYLES[name]
+        variances = [table[i][f"{name}_variance"] for i in positive]
+        right.plot([exact[i] for i in positive], variances, line, color=color, label=f"Var[{name}]")
+    right.set_yscale("log")
     right.set_xlabel(r"exact KL($\pi_\theta \| \pi_{ref}$)")
-    right.set_ylabel("expected estimate")
-    right.set_title("k1 and k3 are unbiased; k2 is not", fontsize=10)
-    right.legend(fontsize=8)
-    right.grid(alpha=0.3)
+    right.set_ylabel("per-token variance")
+    right.set_title("variance: k3's lowest near $\\pi_{ref}$, highest far away", fontsize=10)
+    for ax in (left, middle, right):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_kl_gradients(shift: float = 1.0, shifts: Sequence[float] | None = None) -> Figure:
+    """Which KL each estimator follows when it is used as a loss (minigrpo.kl), on shifted_distributions.
+
+    Left, at one `shift`: each logit's component of the exact gradients of the reverse KL (black) and the
+    forward KL (grey dashed), as horizontal bars, and of each loss's expected gradient, as markers.
+    Right, across `shifts` (> 0): the distance of each loss's expected gradient from the reverse-KL
+    gradient, relative to its norm: 0 for k2 and rho * k3, 1 for k1 (no gradient), and for k3 the
+    distance between the two KLs' gradients, which grows from 0 as pi_theta leaves pi_ref.
+    """
+    shifts = list(shifts) if shifts is not None else torch.linspace(0.1, 3.0, 16).tolist()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    probs, ref_probs = shifted_distributions(shift)
+    logits, ref_logits = probs.log(), ref_probs.log()
+    exact = exact_kl_gradients(logits, ref_logits)
+    outcomes = torch.arange(len(probs), dtype=torch.float64)
+    left.hlines(exact["reverse"], outcomes - 0.35, outcomes + 0.35, color="black", linewidth=2, label="reverse KL")
+    left.hlines(exact["forward"], outcomes - 0.35, outcomes + 0.35, color="gray", linestyles="--", label="forward KL")
+    markers = {"k1": "x", "k2": "o", "k3": "s", "rho_k3": "^"}
+    for offset, name in zip((-0.24, -0.08, 0.08, 0.24), KL_LOSSES, strict=True):
+        gradient = expected_kl_loss_gradient(name, logits, ref_logits)
+        label = "E[grad rho k3]" if name == "rho_k3" else f"E[grad {name}]"
+        left.plot(outcomes + offset, gradient, markers[name], color=KL_STYLES[name][0], label=label)
+    left.axhline(0.0, color="black", linewidth=0.6)
+    left.set_xticks(outcomes.tolist())
+    left.set_xlabel("outcome x (the logit the gradient component belongs to)")
+    left.set_ylabel("d / d logit")
+    left.set_title(f"expected gradient of each KL loss, shift = {shift:g}", fontsize=10)
+    table = [kl_gradient_comparison(*(p.log() for p in shifted_distributions(s))) for s in shifts]
+    exact_kl = [kl_estimates(*shifted_distributions(s))["exact"] for s in shifts]
+    for name in KL_LOSSES:
+        color, line = KL_STYLES[name]
+        distances = [row[name]["reverse"] for row in table]
+        style = dict(linestyle="none", marker="^") if name == "rho_k3" else dict(linestyle=line)
+        right.plot(exact_kl, distances, color=color, label="rho k3" if name == "rho_k3" else name, **style)
+    right.set_xlabel(r"exact KL($\pi_\theta \| \pi_{ref}$)")
+    right.set_ylabel(r"$\|E[\nabla k] - \nabla KL_{rev}\| / \|\nabla KL_{rev}\|$")
+    right.set_title("distance from the reverse-KL gradient (k3: the forward KL's)", fontsize=10)
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 

@@ -20,6 +20,7 @@ import torch
 from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages
 from minigrpo.grading.cases.logprobs import logps_reference
+from minigrpo.kl import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import aggregate_loss, clipped_surrogate, kl_penalty
 from minigrpo.ppo import compute_gae
@@ -150,6 +151,12 @@ CHECKS = {
     "check_worked_example_step_one_loss": (lambda: WORKED_DAPO, lambda: 0.0, "dapo"),
     "check_failure_modes": (lambda: RIGHT_ANSWERS, lambda: {**RIGHT_ANSWERS, "A": "shifted_logps"}, "std about 1"),
     "check_grpo_step": (make_grpo_step(), make_grpo_step("batch"), "group_relative_advantages"),
+    "check_kl_loss_gradient": (
+        expected_kl_loss_gradient,
+        lambda e, z, z_ref: expected_kl_loss_gradient("k2" if e == "k3" else e, z, z_ref),
+        "forward KL(pi_ref || pi_theta)",
+    ),
+    "check_kl_directions": (lambda: KL_DIRECTIONS, lambda: {**KL_DIRECTIONS, "k3": "reverse"}, "averages over pi_ref"),
 }
 
 

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from minigrpo.advantages import group_relative_advantages  # noqa: E402
+from minigrpo.kl import exact_kl_gradients, expected_kl_loss_gradient  # noqa: E402
 from minigrpo.losses import clipped_surrogate  # noqa: E402
 from minigrpo.plots import (  # noqa: E402
     DEFAULT_CURVE_KEYS,
@@ -23,6 +24,7 @@ from minigrpo.plots import (  # noqa: E402
     plot_clipped_objective,
     plot_group_advantages,
     plot_kl_estimators,
+    plot_kl_gradients,
     plot_ppo_vs_grpo,
     plot_training_curves,
     plot_variant_comparison,
@@ -149,18 +151,64 @@ def test_kl_estimates_k1_and_k3_are_unbiased_on_a_small_distribution():
     k2 = 0.5 * (0.5 * math.log(0.8) ** 2 + 0.3 * math.log(4 / 3) ** 2)
     assert result["k2_expected"] == pytest.approx(k2, abs=1e-12) and abs(k2 - exact) > 1e-4
     assert result["k3_mean"] == pytest.approx(exact, abs=0.003)  # 20000 samples
-    assert result["k3_std"] < result["k1_std"]  # the point of k3: lower variance
+    assert result["k3_std"] < result["k1_std"]  # the point of k3: lower variance (near pi_ref)
 
 
-def test_plot_kl_estimators_right_panel_uses_the_expectations():
+def test_kl_estimates_variances_by_hand():
+    p, q = [0.5, 0.3, 0.2], [0.4, 0.4, 0.2]
+    k1 = [math.log(0.5 / 0.4), math.log(0.3 / 0.4), 0.0]  # log(p / q) per outcome
+    mean = sum(pi * k for pi, k in zip(p, k1, strict=True))
+    variance = sum(pi * (k - mean) ** 2 for pi, k in zip(p, k1, strict=True))  # 0.049086
+    result = kl_estimates(p, q, num_samples=20000, seed=0)
+    assert result["k1_variance"] == pytest.approx(variance, abs=1e-12)
+    assert result["k1_variance"] == pytest.approx(0.049086, abs=1e-6)
+    assert result["k3_variance"] == pytest.approx(0.000255, abs=1e-6)  # ~190x less than k1 this close to pi_ref
+    assert result["k1_std"] ** 2 == pytest.approx(result["k1_variance"], rel=0.05)  # the sampled spread agrees
+    assert kl_estimates(p, p)["k3_variance"] == 0.0
+
+
+def test_kl_estimates_k3_variance_overtakes_k1_far_from_the_reference():
+    near, far = kl_estimates(*shifted_distributions(0.5)), kl_estimates(*shifted_distributions(3.0))
+    assert near["k3_variance"] < near["k2_variance"] < near["k1_variance"]
+    assert far["k3_variance"] > far["k1_variance"] > far["k2_variance"]
+
+
+def test_plot_kl_estimators_panels_use_the_expectations_and_variances():
     fig = plot_kl_estimators(shifts=[0.0, 1.0, 2.0])
-    left, right = fig.axes
+    left, middle, right = fig.axes
     assert [line.get_label() for line in left.lines[:3]] == ["k1", "k2", "k3"]
-    exact_x, exact_y = right.lines[0].get_data()
-    k3_x, k3_y = right.lines[3].get_data()
+    assert [line.get_label() for line in middle.lines] == ["exact KL", "E[k1]", "E[k2]", "E[k3]"]
+    exact_x, exact_y = middle.lines[0].get_data()
+    k3_x, k3_y = middle.lines[3].get_data()
     assert list(k3_y) == pytest.approx(list(exact_y), abs=1e-12)
     expected = [kl_estimates(*shifted_distributions(s))["exact"] for s in (0.0, 1.0, 2.0)]
     assert list(exact_x) == pytest.approx(expected, abs=1e-12) and expected[0] == pytest.approx(0.0, abs=1e-12)
+    assert "biased" in middle.get_title() and "unbiased; k2 is not" not in middle.get_title()
+    assert right.get_yscale() == "log" and [line.get_label() for line in right.lines] == [
+        "Var[k1]",
+        "Var[k2]",
+        "Var[k3]",
+    ]
+    var_x, var_k1 = right.lines[0].get_data()
+    assert list(var_x) == pytest.approx(expected[1:], abs=1e-12)  # shift 0 (variance 0) is left out of the log axis
+    assert list(var_k1) == pytest.approx(
+        [kl_estimates(*shifted_distributions(s))["k1_variance"] for s in (1.0, 2.0)], abs=1e-12
+    )
+
+
+def test_plot_kl_gradients_show_the_expected_gradients_of_the_package():
+    fig = plot_kl_gradients(shift=1.0, shifts=[0.5, 1.0])
+    left, right = fig.axes
+    probs, ref_probs = shifted_distributions(1.0)
+    k3 = expected_kl_loss_gradient("k3", probs.log(), ref_probs.log())
+    markers = {line.get_label(): line for line in left.lines}
+    assert list(markers["E[grad k3]"].get_ydata()) == pytest.approx(k3.tolist(), abs=1e-12)
+    assert list(markers["E[grad k1]"].get_ydata()) == pytest.approx([0.0] * 5, abs=1e-12)
+    forward = exact_kl_gradients(probs.log(), ref_probs.log())["forward"]
+    assert [segment[0][1] for segment in left.collections[1].get_segments()] == pytest.approx(forward.tolist())
+    distances = {line.get_label(): list(line.get_ydata()) for line in right.lines}
+    assert distances["k1"] == pytest.approx([1.0, 1.0]) and distances["rho k3"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert distances["k3"][1] == pytest.approx(0.2756, abs=1e-4)  # k3 follows the forward KL, 28% away at shift 1
 
 
 # --- PPO vs GRPO --------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 | 08 | grpo_step | check_grpo_step |
 | 09 | step_one_loss | check_step_one_loss, check_worked_example_step_one_loss |
 | 10 | failure_modes | check_failure_modes |
+| 13 | kl_gradient | check_kl_loss_gradient, check_kl_directions |
 """
 
 from minigrpo.grading.cases.advantages import check_group_relative_advantages, check_rloo_advantages
@@ -20,6 +21,7 @@ from minigrpo.grading.cases.failure_modes import check_failure_modes
 from minigrpo.grading.cases.gae import check_compute_gae
 from minigrpo.grading.cases.grpo_step import check_grpo_step
 from minigrpo.grading.cases.kl import check_kl_k3
+from minigrpo.grading.cases.kl_gradient import check_kl_directions, check_kl_loss_gradient
 from minigrpo.grading.cases.logprobs import check_masked_mean, check_per_token_logps
 from minigrpo.grading.cases.rewards import check_extract_answer, check_graded_reward, check_reward_hacking
 from minigrpo.grading.cases.step_one_loss import (
@@ -40,7 +42,9 @@ __all__ = [
     "check_graded_reward",
     "check_group_relative_advantages",
     "check_grpo_step",
+    "check_kl_directions",
     "check_kl_k3",
+    "check_kl_loss_gradient",
     "check_masked_mean",
     "check_per_token_logps",
     "check_reward_hacking",
