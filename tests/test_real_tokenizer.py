@@ -1,8 +1,8 @@
 """The real Qwen2.5 tokenizer (built offline from dashscope's qwen.tiktoken) through the whole GRPO path.
 
-Everything else in the tests runs the character-level tiny tokenizer; this file runs what a learner on
-Colab runs: a 151,665-token byte-level BPE vocabulary, Qwen2.5-Instruct's chat template with its default
-system prompt, <|im_end|> as EOS, <|endoftext|> as padding, log-probs chunked over a 152k vocabulary.
+Everything else in the tests runs the tiny byte-level tokenizer (256 byte tokens, no merges); this file runs
+what a learner on Colab runs: a 151,665-token byte-level BPE vocabulary, Qwen2.5-Instruct's chat template with
+its default system prompt, <|im_end|> as EOS, <|endoftext|> as padding, log-probs chunked over a 152k vocabulary.
 """
 
 import math
