@@ -22,7 +22,7 @@ from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages
 from minigrpo.grading.cases.logprobs import logps_reference
 from minigrpo.logprobs import masked_mean
-from minigrpo.losses import aggregate_loss, clipped_surrogate, kl_penalty
+from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
 from minigrpo.ppo import compute_gae
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, extract_answer, graded_reward
 
@@ -79,6 +79,21 @@ def aggregate_token_mean(loss, mask, loss_type, max_completion_length):
 
 def gae_without_lam(rewards, values, mask, gamma=1.0, lam=0.95):
     return compute_gae(rewards, values, mask, gamma, 1.0)
+
+
+def ratio_inverted(per_token_logps, old_per_token_logps):
+    return torch.exp(old_per_token_logps - per_token_logps)
+
+
+def clip_fractions_any_sign(ratio, advantages, completion_mask, epsilon_low, epsilon_high):
+    """Counts every ratio outside the range, whatever the advantage's sign (the clip may not be active there)."""
+    low = (ratio < 1 - epsilon_low).float()
+    high = (ratio > 1 + epsilon_high).float()
+    return {
+        "clip_ratio/low_mean": masked_mean(low, completion_mask).item(),
+        "clip_ratio/high_mean": masked_mean(high, completion_mask).item(),
+        "clip_ratio/region_mean": masked_mean(low + high, completion_mask).item(),
+    }
 
 
 def step_one_loss_wrong_sign(advantages, lengths, loss_type, max_completion_length):
@@ -149,6 +164,12 @@ CHECKS = {
     "check_compute_gae": (compute_gae, gae_without_lam, "lam"),
     "check_step_one_loss": (grading.step_one_loss, step_one_loss_wrong_sign, "flip the sign"),
     "check_worked_example_step_one_loss": (lambda: WORKED_DAPO, lambda: 0.0, "dapo"),
+    "check_importance_ratio": (
+        lambda logps, old: importance_ratio(logps, old, torch.ones_like(logps)),
+        ratio_inverted,
+        "pi_theta / pi_old",
+    ),
+    "check_clip_fractions": (clip_fractions, clip_fractions_any_sign, "low needs A < 0"),
     "check_failure_modes": (lambda: RIGHT_ANSWERS, lambda: {**RIGHT_ANSWERS, "D": "shifted_logps"}, "std about 1"),
     "check_grpo_step": (make_grpo_step(), make_grpo_step("batch"), "group_relative_advantages"),
 }
