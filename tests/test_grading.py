@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -22,7 +23,7 @@ from minigrpo.advantages import group_baseline, group_relative_advantages
 from minigrpo.grading.cases.logprobs import logps_reference
 from minigrpo.kl import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.logprobs import masked_mean
-from minigrpo.losses import aggregate_loss, clipped_surrogate, kl_penalty
+from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
 from minigrpo.ppo import compute_gae
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, extract_answer, graded_reward
 
@@ -81,6 +82,21 @@ def gae_without_lam(rewards, values, mask, gamma=1.0, lam=0.95):
     return compute_gae(rewards, values, mask, gamma, 1.0)
 
 
+def ratio_inverted(per_token_logps, old_per_token_logps):
+    return torch.exp(old_per_token_logps - per_token_logps)
+
+
+def clip_fractions_any_sign(ratio, advantages, completion_mask, epsilon_low, epsilon_high):
+    """Counts every ratio outside the range, whatever the advantage's sign (the clip may not be active there)."""
+    low = (ratio < 1 - epsilon_low).float()
+    high = (ratio > 1 + epsilon_high).float()
+    return {
+        "clip_ratio/low_mean": masked_mean(low, completion_mask).item(),
+        "clip_ratio/high_mean": masked_mean(high, completion_mask).item(),
+        "clip_ratio/region_mean": masked_mean(low + high, completion_mask).item(),
+    }
+
+
 def step_one_loss_wrong_sign(advantages, lengths, loss_type, max_completion_length):
     return -grading.step_one_loss(advantages, lengths, loss_type, max_completion_length)
 
@@ -118,7 +134,7 @@ def make_grpo_step(scale_rewards=None):
     return grpo_step
 
 
-RIGHT_ANSWERS = {"A": "batch_std", "B": "shifted_logps", "C": "wrong_detach", "D": "prompt_in_mask"}
+RIGHT_ANSWERS = {"A": "wrong_detach", "B": "padding_in_mask", "C": "none", "D": "batch_std", "E": "shifted_logps"}
 WORKED_DAPO = grading.step_one_loss(
     group_relative_advantages(torch.tensor([WORKED_EXAMPLE_REWARDS])).flatten(),
     torch.tensor(grading.WORKED_EXAMPLE_LENGTHS),
@@ -149,7 +165,13 @@ CHECKS = {
     "check_compute_gae": (compute_gae, gae_without_lam, "lam"),
     "check_step_one_loss": (grading.step_one_loss, step_one_loss_wrong_sign, "flip the sign"),
     "check_worked_example_step_one_loss": (lambda: WORKED_DAPO, lambda: 0.0, "dapo"),
-    "check_failure_modes": (lambda: RIGHT_ANSWERS, lambda: {**RIGHT_ANSWERS, "A": "shifted_logps"}, "std about 1"),
+    "check_importance_ratio": (
+        lambda logps, old: importance_ratio(logps, old, torch.ones_like(logps)),
+        ratio_inverted,
+        "pi_theta / pi_old",
+    ),
+    "check_clip_fractions": (clip_fractions, clip_fractions_any_sign, "low needs A < 0"),
+    "check_failure_modes": (lambda: RIGHT_ANSWERS, lambda: {**RIGHT_ANSWERS, "D": "shifted_logps"}, "std about 1"),
     "check_grpo_step": (make_grpo_step(), make_grpo_step("batch"), "group_relative_advantages"),
     "check_kl_loss_gradient": (
         expected_kl_loss_gradient,
@@ -245,23 +267,78 @@ def test_a_check_remembers_the_function_and_under_the_grader_only_that(monkeypat
     assert "runs its cases outside the notebook" in capsys.readouterr().out
 
 
+# Each answer of exercise 10 and the diagnostics at step 1 that show it, and show nothing else: a run matches the
+# signature of its own answer and of no other one (so each answer can be read off the run, not found by elimination).
+SIGNATURES = {
+    "shifted_logps": lambda m: (
+        m["diagnostics/nll_minus_entropy"] > 2 and loss_tokens(m) == m["completions/mean_length"]
+    ),
+    "prompt_in_mask": lambda m: loss_tokens(m) > m["completions/max_length"] + 20,
+    "padding_in_mask": lambda m: loss_tokens(m) == m["completions/max_length"] > m["completions/mean_length"],
+    "batch_std": lambda m: abs(m["diagnostics/advantage_std_in_group"] - 1) > 0.05,
+    "wrong_detach": lambda m: m["grad_norm"] == 0.0,
+}
+
+
+def loss_tokens(metrics):
+    return metrics["diagnostics/loss_tokens_per_completion"]
+
+
+def looks_healthy(metrics):
+    return (
+        abs(metrics["diagnostics/nll_minus_entropy"]) < 0.1
+        and loss_tokens(metrics) == metrics["completions/mean_length"]
+        and abs(metrics["diagnostics/advantage_std_in_group"] - 1) < 2e-3
+        and metrics["grad_norm"] > 0
+    )
+
+
 def test_failure_mode_runs_show_their_bugs_signatures():
-    runs = {name: grading.planted_bug_run(name, max_steps=1) for name in ("healthy", "A", "B", "C", "D")}
-    first = {name: history[0] for name, history in runs.items()}
-    assert abs(first["healthy"]["diagnostics/nll_minus_entropy"]) < 0.5
-    assert abs(first["healthy"]["diagnostics/advantage_std_in_group"] - 1) < 1e-2
-    assert abs(first["A"]["diagnostics/advantage_std_in_group"] - 1) > 0.05  # batch_std
-    assert first["B"]["diagnostics/nll_minus_entropy"] > 2  # shifted_logps
-    assert first["C"]["grad_norm"] == 0.0 and first["healthy"]["grad_norm"] > 0  # wrong_detach
-    D = first["D"]  # prompt_in_mask
-    assert D["diagnostics/loss_tokens_per_completion"] > 2 * D["completions/mean_length"]
-    assert "nll-H" in grading.diagnostics_table(runs)
+    runs = {name: grading.planted_bug_run(name, max_steps=1) for name in ("healthy", *RIGHT_ANSWERS)}
+    runs["prompt_in_mask"] = grading.run_with_bug("prompt_in_mask", max_steps=1)  # a candidate in no mystery run
+    answers = {"healthy": "none", **RIGHT_ANSWERS, "prompt_in_mask": "prompt_in_mask"}
+    assert set(answers.values()) == {*grading.BUGS, grading.NO_BUG}  # every answer is tested
+    assert grading.labs.MYSTERY_RUNS == RIGHT_ANSWERS
+    for name, history in runs.items():
+        first = history[0]
+        shown = {bug for bug, signature in SIGNATURES.items() if signature(first)}
+        assert shown == ({answers[name]} - {"none"}), (name, shown)
+        assert looks_healthy(first) == (answers[name] == "none"), name
+    assert "nll-H" in grading.diagnostics_table(runs) and "longest compl" in grading.diagnostics_table(runs)
+
+
+def test_mystery_runs_sample_from_their_own_seeds():
+    """A healthy mystery run must not be found by matching the healthy run's numbers."""
+    seeds = grading.labs.RUN_SEEDS
+    assert len(set(seeds.values())) == len(seeds) == len(RIGHT_ANSWERS) + 1
+
+
+def test_padding_in_mask_puts_every_completion_position_in_the_loss():
+    from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
+
+    batch = make_arithmetic_dataset(4, "train", seed=5)[:4]
+    with tempfile.TemporaryDirectory() as tmp:
+        config = grading.small_grpo_config(tmp, beta=0.0)
+        model, tokenizer = grading.tiny_model_and_tokenizer()
+        rollout, _ = grading.seeded_rollout(model, tokenizer, batch, config, None, 3)
+        logps = {}
+        for bug in (None, "padding_in_mask"):
+            trainer = grading.PlantedBugTrainer(
+                model,
+                [correctness_reward, format_reward],
+                args=config,
+                train_dataset=make_arithmetic_dataset(16),
+                processing_class=tokenizer,
+                bug=bug,
+            )
+            logps[bug], _, mask = trainer.token_logps(model, rollout)
+    assert rollout.completion_mask.sum() < rollout.completion_mask.numel()  # some rows are padded
+    torch.testing.assert_close(mask, torch.ones_like(rollout.completion_mask))  # (N, T): the padding counts
+    torch.testing.assert_close(logps["padding_in_mask"], logps[None])  # the same tokens scored the same way
 
 
 def test_the_healthy_planted_bug_trainer_matches_the_package():
     """With no bug, the failure-mode trainer's loss and gradient norm are GRPOTrainer's."""
-    import tempfile
-
     from minigrpo.models import make_reference_model
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 

@@ -4,7 +4,8 @@
   checks of exercises 08 and 09 compare a learner's step and predicted loss with;
 - exercise 10's failure modes: `PlantedBugTrainer`, a GRPOTrainer with one planted
   silent bug (in the spirit of Spinning Up's problem set 2), the mystery runs it
-  trains and the diagnostics a learner reads to tell the bugs apart.
+  trains (each with one bug or none, more candidates than runs, so that no answer
+  follows from the others) and the diagnostics a learner reads to tell them apart.
 """
 
 from __future__ import annotations
@@ -107,11 +108,19 @@ def seeded_rollout(model, tokenizer, batch: dict, config, ref_model, seed: int) 
 BUGS = {
     "shifted_logps": "log-probs shifted by one: completion token t is scored by the logits at position t, not t - 1",
     "prompt_in_mask": "prompt tokens inside the loss mask: the loss also trains on the prompt",
+    "padding_in_mask": "padding inside the loss mask: the mask is not cut at EOS, so the pad tokens after it count",
     "batch_std": "advantages scaled by the std of the whole batch instead of each group's std",
     "wrong_detach": "the wrong tensor detached: the current log-probs, so the ratio carries no gradient",
 }
-MYSTERY_RUNS = dict(zip("ABCD", ("batch_std", "shifted_logps", "wrong_detach", "prompt_in_mask"), strict=True))
-"""The answer key of exercise 10: mystery run -> its planted bug."""
+NO_BUG = "none"
+"""Exercise 10's answer for a mystery run that has no bug (a healthy run)."""
+MYSTERY_RUNS = dict(
+    zip("ABCDE", ("wrong_detach", "padding_in_mask", NO_BUG, "batch_std", "shifted_logps"), strict=True)
+)
+"""The answer key of exercise 10: mystery run -> its planted bug, or NO_BUG. Six answers (five bugs and NO_BUG) for
+five runs, prompt_in_mask in none of them: no answer follows from the others, each comes from the run's diagnostics."""
+RUN_SEEDS = {"healthy": 0, **{run: seed for seed, run in enumerate(MYSTERY_RUNS, start=1)}}
+"""Each run samples from its own seed: a healthy mystery run does not repeat the healthy run's numbers."""
 
 
 class PlantedBugTrainer(GRPOTrainer):
@@ -146,6 +155,9 @@ class PlantedBugTrainer(GRPOTrainer):
             scores, labels, mask = logits[:, :-1], input_ids[:, 1:], attention_mask[:, 1:]  # every real token
         elif self.bug == "shifted_logps":
             scores, labels, mask = logits[:, L - T :], input_ids[:, L - T :], rollout.completion_mask  # off by one
+        elif self.bug == "padding_in_mask":  # every position of the (N, T) block, the pad tokens after EOS too
+            scores, labels = logits[:, L - T - 1 : -1], input_ids[:, L - T :]
+            mask = torch.ones_like(rollout.completion_mask)  # (N, T)
         else:
             scores, labels, mask = logits[:, L - T - 1 : -1], input_ids[:, L - T :], rollout.completion_mask
         log_probs = torch.log_softmax(scores, dim=-1)  # (N, T', V)
@@ -211,20 +223,28 @@ DIAGNOSTICS = [
     ("nll-H", "diagnostics/nll_minus_entropy"),
     ("loss tok/compl", "diagnostics/loss_tokens_per_completion"),
     ("compl length", "completions/mean_length"),
+    ("longest compl", "completions/max_length"),
     ("adv std in grp", "diagnostics/advantage_std_in_group"),
 ]
 
 
-def planted_bug_run(run: str, max_steps: int, seed: int = 0) -> list[dict]:
-    """Train the tiny Qwen for `max_steps` steps: run "healthy" (no bug) or a mystery run "A".."D".
+def planted_bug_run(run: str, max_steps: int, seed: int | None = None) -> list[dict]:
+    """Train the tiny Qwen for `max_steps` steps: run "healthy" (no bug) or a mystery run "A".."E".
 
     Returns the metric history (one dict per step) with the diagnostics/* metrics
     the exercise reads: nll_minus_entropy (mean -log p of the sampled tokens
     minus the mean entropy: about 0 on-policy), loss_tokens_per_completion and
     advantage_std_in_group (about 1 when each group is scaled by its own std).
+    seed: None = the run's own seed (RUN_SEEDS).
     """
     if run != "healthy" and run not in MYSTERY_RUNS:
         raise ValueError(f"run={run!r}: use 'healthy' or one of {sorted(MYSTERY_RUNS)}.")
+    bug = None if run == "healthy" else MYSTERY_RUNS[run]
+    return run_with_bug(None if bug == NO_BUG else bug, max_steps, RUN_SEEDS[run] if seed is None else seed)
+
+
+def run_with_bug(bug: str | None, max_steps: int, seed: int = 0) -> list[dict]:
+    """Train the tiny Qwen for `max_steps` steps with PlantedBugTrainer(bug=bug) (None: no bug); the history."""
     model, tokenizer = tiny_model_and_tokenizer()
     with tempfile.TemporaryDirectory() as tmp:
         config = small_grpo_config(
@@ -243,7 +263,7 @@ def planted_bug_run(run: str, max_steps: int, seed: int = 0) -> list[dict]:
             train_dataset=make_arithmetic_dataset(500, "train", seed=seed),
             processing_class=tokenizer,
             ref_model=make_reference_model(model),
-            bug=None if run == "healthy" else MYSTERY_RUNS[run],
+            bug=bug,
         )
         with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull), single_thread():
             return trainer.train()  # no progress bar in the notebook

@@ -12,6 +12,7 @@
 | 08 | grpo_step | check_grpo_step |
 | 09 | step_one_loss | check_step_one_loss, check_worked_example_step_one_loss |
 | 10 | failure_modes | check_failure_modes |
+| 12 | off_policy | check_importance_ratio, check_clip_fractions |
 | 13 | kl_gradient | check_kl_loss_gradient, check_kl_directions |
 """
 
@@ -23,6 +24,7 @@ from minigrpo.grading.cases.grpo_step import check_grpo_step
 from minigrpo.grading.cases.kl import check_kl_k3
 from minigrpo.grading.cases.kl_gradient import check_kl_directions, check_kl_loss_gradient
 from minigrpo.grading.cases.logprobs import check_masked_mean, check_per_token_logps
+from minigrpo.grading.cases.off_policy import check_clip_fractions, check_importance_ratio
 from minigrpo.grading.cases.rewards import check_extract_answer, check_graded_reward, check_reward_hacking
 from minigrpo.grading.cases.step_one_loss import (
     WORKED_EXAMPLE_LENGTHS,
@@ -35,6 +37,7 @@ from minigrpo.grading.cases.surrogate import check_clipped_surrogate
 __all__ = [
     "WORKED_EXAMPLE_LENGTHS",
     "check_aggregate_loss",
+    "check_clip_fractions",
     "check_clipped_surrogate",
     "check_compute_gae",
     "check_extract_answer",
@@ -42,6 +45,7 @@ __all__ = [
     "check_graded_reward",
     "check_group_relative_advantages",
     "check_grpo_step",
+    "check_importance_ratio",
     "check_kl_directions",
     "check_kl_k3",
     "check_kl_loss_gradient",
