@@ -1,6 +1,6 @@
 """The numbers a training step logs, under TRL's names: rewards, group statistics, completion lengths.
 
-Three of them are minigrpo's own, beside TRL's, to tell why a step had little signal:
+Four of them are minigrpo's own, beside TRL's, to tell why a step had little signal:
 
 metric                               | what it is
 -------------------------------------|----------------------------------------------------------------------
@@ -12,6 +12,7 @@ completions/distinct_per_group       | how many different completions (token seq
 
 "Correct" is read from the accuracy reward: the first reward function, the one eval/accuracy reports
 (so put it first, as the course does), and a completion is correct when that function scored it above 0.
+PPO logs them too, except advantages/std: its advantages are per token (GAE), not per group.
 """
 
 from __future__ import annotations
