@@ -5,7 +5,7 @@ one prompt are scored, and each one's advantage is how much better it did than
 its siblings (DeepSeekMath, arXiv 2402.03300, section 4.1.2):
 
     A_i = (r_i - mean(r)) / (std(r) + eps)          GRPO
-    A_i = r_i - mean_{j != i} r_j                    RLOO (leave-one-out baseline)
+    A_i = r_i - mean_{j != i} r_j                    RLOO (leave-one-out baseline; Kool et al. 2019)
     A_i = r_i - mean(r)                              Dr. GRPO (scale_rewards="none")
 
 The same A_i is used for every token of completion i. Groups are rows of a
@@ -32,7 +32,10 @@ def group_baseline(grouped_rewards: torch.Tensor, baseline: str = "mean") -> tor
     """The baseline b_i each reward is compared with. (B, G) -> (B, G).
 
     "mean": the group mean (GRPO), the same for every member.
-    "rloo": the mean of the *other* G - 1 rewards, so r_i never baselines itself.
+    "rloo": the mean of the *other* G - 1 rewards, so r_i never baselines itself (REINFORCE leave-one-out:
+    Kool, van Hoof and Welling, "Buy 4 REINFORCE samples, get a baseline for free!", ICLR 2019 workshop;
+    used for LLM fine-tuning by Ahmadian et al., "Back to Basics: Revisiting REINFORCE Style Optimization
+    for Learning from Human Feedback in LLMs", 2024).
     """
     G = grouped_rewards.shape[1]
     total = grouped_rewards.sum(dim=1, keepdim=True)  # (B, 1)

@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from minigrpo.advantages import group_relative_advantages
 from minigrpo.kl import KL_LOSSES, exact_kl_gradients, expected_kl_loss_gradient, kl_gradient_comparison
@@ -57,6 +58,12 @@ def metric_series(history: Sequence[dict], key: str) -> tuple[list[float], list[
     return steps, values
 
 
+def step_axis(ax, label: str = "step") -> None:
+    """Label the x axis as training steps, with integer ticks only (a 4-step run must not show step 2.5)."""
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_training_curves(
     history: Sequence[dict] | str | Path, keys: Sequence[str] | None = None, title: str | None = None
 ) -> Figure:
@@ -75,7 +82,7 @@ def plot_training_curves(
         sparse = len(steps) < max(2, len(history) // 2)  # eval/accuracy: a few points, show them
         ax.plot(steps, values, marker="o" if sparse or len(steps) < 20 else None, markersize=4)
         ax.set_title(key, fontsize=10)
-        ax.set_xlabel("step")
+        step_axis(ax)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(series) :]:
         ax.set_visible(False)
@@ -105,13 +112,89 @@ def plot_variant_comparison(
                 steps, values = zip(*points, strict=True)
                 ax.plot(steps, values, marker="o" if len(points) < 8 else None, ms=3, label=name)
         ax.set_title(key)
-        ax.set_xlabel("step")
+        step_axis(ax)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def plot_diagnostics(history: Sequence[dict] | str | Path, title: str | None = None) -> Figure:
+    """Where the signal went, per step: three panels that read together. Returns the figure.
+
+    history: trainer.train()'s list of metric dicts, or a path to <output_dir>/metrics.jsonl (PPO's too).
+
+    1. groups with zero reward std, stacked: all wrong (red, no answer to reinforce: too hard) under all
+       correct (green: already solved); the black line is TRL's frac_reward_zero_std, their sum.
+    2. advantages/std, the mean over groups of the advantages' std, beside 1 - frac_reward_zero_std (dashed):
+       with scale_rewards="group" they coincide, every group with a signal scaled to std 1.
+    3. completions/distinct_per_group, how many of the G completions differ; 1 (dotted) is a group that
+       sampled one answer G times.
+
+    A metric the history does not hold (an older run, TRL's logs) leaves its panel with a note.
+    """
+    history = load_history(history)
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.4))
+    _plot_zero_std_split(axes[0], history)
+    _plot_advantage_std(axes[1], history)
+    _plot_distinct_completions(axes[2], history)
+    for ax in axes:
+        step_axis(ax)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _not_logged(ax, key: str) -> None:
+    ax.text(0.5, 0.5, f"{key}\nnot logged", ha="center", va="center", transform=ax.transAxes, color=NEUTRAL)
+
+
+def _plot_zero_std_split(ax, history: list[dict]) -> None:
+    ax.set_title("groups with zero reward std", fontsize=10)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_ylabel("fraction of groups")
+    steps, total = metric_series(history, "frac_reward_zero_std")
+    if not steps:
+        _not_logged(ax, "frac_reward_zero_std")
+        return
+    wrong_steps, wrong = metric_series(history, "frac_reward_zero_std/all_wrong")
+    correct_steps, correct = metric_series(history, "frac_reward_zero_std/all_correct")
+    if wrong_steps == correct_steps == steps:  # the split was logged at every step (not by TRL or older runs)
+        ax.stackplot(steps, wrong, correct, colors=[NEGATIVE, POSITIVE], alpha=0.6, labels=["all wrong", "all correct"])
+    ax.plot(steps, total, color="black", linewidth=1, label="frac_reward_zero_std")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _plot_advantage_std(ax, history: list[dict]) -> None:
+    ax.set_title("advantages/std (mean over groups)", fontsize=10)
+    steps, values = metric_series(history, "advantages/std")
+    if not steps:
+        _not_logged(ax, "advantages/std")
+        return
+    ax.plot(steps, values, color="tab:blue", label="advantages/std")
+    steps, zero_std = metric_series(history, "frac_reward_zero_std")
+    if steps:
+        informative = [1.0 - z for z in zero_std]
+        ax.plot(steps, informative, "--", color="black", linewidth=1, label="1 - frac_reward_zero_std")
+    ax.set_ylim(bottom=0.0, top=max([1.1, *(1.1 * v for v in values)]))
+    ax.legend(fontsize=8, loc="best")
+
+
+def _plot_distinct_completions(ax, history: list[dict]) -> None:
+    ax.set_title("completions/distinct_per_group", fontsize=10)
+    steps, values = metric_series(history, "completions/distinct_per_group")
+    if not steps:
+        _not_logged(ax, "completions/distinct_per_group")
+        return
+    ax.plot(steps, values, color="tab:purple", label="distinct completions per group")
+    ax.axhline(1.0, color=NEGATIVE, linestyle=":", linewidth=1.5, label="1: the same answer G times")
+    ax.set_ylim(bottom=0.0, top=1.15 * max(values))
+    ax.set_ylabel("distinct, of G")
+    ax.legend(fontsize=8, loc="best")
 
 
 # --- advantages ---------------------------------------------------------------------
@@ -121,7 +204,8 @@ def plot_group_advantages(
     labels: Sequence[str] | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Bars of the advantage of each completion, one panel per group; each bar is labelled with its reward.
+    """Bars of the advantage of each completion, one panel per group; each bar is labelled with its
+    advantage A (the bar's height) and its reward r.
 
     rewards: (G,) one group or (B, G) several (list or tensor).
     advantages: same shape; default group_relative_advantages(rewards) with the paper's settings.
@@ -137,7 +221,7 @@ def plot_group_advantages(
     labels = list(labels) if labels is not None else [f"o{g + 1}" for g in range(G)]
     assert len(labels) == G, f"{len(labels)} labels for groups of G={G}"
     fig, axes = plt.subplots(B, 1, figsize=(max(5.0, 0.75 * G + 1.5), 2.6 * B), squeeze=False)
-    limit = max(1.0, advantages.abs().max().item() * 1.25)
+    limit = max(1.0, advantages.abs().max().item() * 1.5)  # room for the two-line labels
     for b, ax in enumerate(axes[:, 0]):
         values = advantages[b].tolist()
         colors = [POSITIVE if a > 0 else NEGATIVE if a < 0 else NEUTRAL for a in values]
@@ -145,7 +229,7 @@ def plot_group_advantages(
         for bar, reward in zip(bars, grouped[b].tolist(), strict=True):
             y = bar.get_height()
             ax.annotate(
-                f"r={reward:g}",
+                f"A={_signed(y)}\nr={reward:g}" if y >= 0 else f"r={reward:g}\nA={_signed(y)}",  # A by the bar
                 (bar.get_x() + bar.get_width() / 2, y),
                 xytext=(0, 3 if y >= 0 else -3),
                 textcoords="offset points",
@@ -163,6 +247,11 @@ def plot_group_advantages(
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _signed(value: float) -> str:
+    """+1.35, -1.05, and 0 for an exact zero (a constant group), to two decimals."""
+    return "0" if value == 0 else f"{value:+.2f}"
 
 
 # --- the clipped objective ----------------------------------------------------------

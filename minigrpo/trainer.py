@@ -34,7 +34,7 @@ from minigrpo.config import GRPOConfig
 from minigrpo.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
-from minigrpo.metrics import average_metrics, completion_metrics, reward_metrics
+from minigrpo.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.models import (
     add_adapters,
     check_bf16_request,
@@ -338,7 +338,7 @@ class Trainer(CheckpointMixin):
         )
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(reward_metrics(rewards_per_func, rewards, self.reward_funcs, config.num_generations))
-        metrics.update(completion_metrics(rollout))
+        metrics.update(completion_metrics(rollout, config.num_generations))
         return rollout, rewards.to(self.device), metrics
 
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
@@ -455,7 +455,7 @@ class GRPOTrainer(Trainer):
             grouped, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
         ).flatten()  # (N,)
         loss_mask = self.loss_mask(rollout)  # (N, T)
-        metrics = {"advantages/abs_mean": advantages.abs().mean().item()}
+        metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)  # abs_mean, std
         # steps_per_generation / gradient_accumulation_steps optimizer steps per pass, each on its own slice of
         # whole groups (1 unless TRL's batch fields say otherwise), num_iterations passes over the rollout.
         chunks = micro_batches(

@@ -22,6 +22,7 @@ from minigrpo.plots import (  # noqa: E402
     load_history,
     metric_series,
     plot_clipped_objective,
+    plot_diagnostics,
     plot_group_advantages,
     plot_kl_estimators,
     plot_kl_gradients,
@@ -81,9 +82,62 @@ def test_metric_series_uses_the_index_when_there_is_no_step_and_skips_nan():
     assert "frac_reward_zero_std" in DEFAULT_CURVE_KEYS and DEFAULT_CURVE_KEYS[0] == "reward"
 
 
+def integer_ticks(ax) -> bool:
+    return all(float(tick).is_integer() for tick in ax.get_xticks())
+
+
+def test_step_axes_have_integer_ticks_only():
+    # 4 steps: matplotlib's default locator would put ticks at 1.0, 1.5, 2.0, ...
+    assert all(integer_ticks(ax) for ax in visible_axes(plot_training_curves(HISTORY)))
+    assert all(integer_ticks(ax) for ax in plot_variant_comparison({"a": HISTORY}, ["reward"]).axes)
+    assert all(integer_ticks(ax) for ax in plot_diagnostics(DIAGNOSTICS).axes)
+    default = plt.figure().add_subplot()
+    default.plot([1, 2, 3, 4], [0, 1, 0, 1])
+    assert not integer_ticks(default)  # so the checks above can fail
+
+
 def test_training_curves_with_no_known_metric_still_make_a_figure():
     fig = plot_training_curves([{"step": 1}])
     assert fig.axes[0].texts[0].get_text() == "no metrics to plot"
+
+
+# --- diagnostics --------------------------------------------------------------------------
+DIAGNOSTICS = [
+    {"step": 1, "frac_reward_zero_std": 0.5, "frac_reward_zero_std/all_correct": 0.0,
+     "frac_reward_zero_std/all_wrong": 0.5, "advantages/std": 0.5, "completions/distinct_per_group": 6.0},
+    {"step": 2, "frac_reward_zero_std": 0.25, "frac_reward_zero_std/all_correct": 0.125,
+     "frac_reward_zero_std/all_wrong": 0.125, "advantages/std": 0.75, "completions/distinct_per_group": 4.5},
+    {"step": 3, "frac_reward_zero_std": 0.75, "frac_reward_zero_std/all_correct": 0.625,
+     "frac_reward_zero_std/all_wrong": 0.125, "advantages/std": 0.25, "completions/distinct_per_group": 1.5},
+]  # fmt: skip
+
+
+def test_plot_diagnostics_stacks_the_split_under_the_total_and_draws_the_logged_values():
+    zero_std, advantage, distinct = plot_diagnostics(DIAGNOSTICS, title="run").axes
+    wrong, correct = zero_std.collections  # the stack: all wrong at the bottom, all correct on top of it
+    top = lambda band: {(x, y) for x, y in band.get_paths()[0].vertices.tolist()}  # noqa: E731
+    assert {(1.0, 0.5), (2.0, 0.125), (3.0, 0.125)} <= top(wrong)
+    assert {(1.0, 0.5), (2.0, 0.25), (3.0, 0.75)} <= top(correct)  # the stack's top is the total
+    (total,) = zero_std.lines
+    assert list(total.get_ydata()) == [0.5, 0.25, 0.75]
+    assert [t.get_text() for t in zero_std.get_legend().get_texts()] == [
+        "all wrong", "all correct", "frac_reward_zero_std"
+    ]  # fmt: skip
+    measured, reference = advantage.lines
+    assert list(measured.get_ydata()) == [0.5, 0.75, 0.25]
+    assert list(reference.get_ydata()) == [0.5, 0.75, 0.25]  # 1 - frac_reward_zero_std: group scaling's value
+    line, collapse = distinct.lines
+    assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [6.0, 4.5, 1.5]
+    assert list(collapse.get_ydata()) == [1.0, 1.0]  # the line at 1: one answer G times
+
+
+def test_plot_diagnostics_reads_a_file_and_notes_what_was_not_logged(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1, "frac_reward_zero_std": 0.5}) + "\n")  # a TRL-style log: no split
+    zero_std, advantage, distinct = plot_diagnostics(path).axes
+    assert not zero_std.collections and list(zero_std.lines[0].get_ydata()) == [0.5]
+    assert advantage.texts[0].get_text() == "advantages/std\nnot logged"
+    assert distinct.texts[0].get_text() == "completions/distinct_per_group\nnot logged"
 
 
 # --- advantages ---------------------------------------------------------------------------
@@ -94,7 +148,11 @@ def test_group_advantages_bars_are_the_package_advantages_of_the_worked_example(
     assert heights[0] == pytest.approx(1.347914, abs=1e-5)
     assert heights[1] == pytest.approx(0.149768, abs=1e-5)
     assert heights[2] == pytest.approx(-1.048378, abs=1e-5)
-    assert [t.get_text() for t in ax.texts] == [f"r={r:g}" for r in WORKED]
+    labels = [t.get_text() for t in ax.texts]
+    assert labels[:3] == ["A=+1.35\nr=2", "A=+0.15\nr=1", "r=0\nA=-1.05"]  # A by the bar's end, then r
+    assert labels == [
+        f"A={a:+.2f}\nr={r:g}" if a > 0 else f"r={r:g}\nA={a:+.2f}" for a, r in zip(heights, WORKED, strict=True)
+    ]
     assert "0.875" in ax.get_title()
 
 
@@ -107,6 +165,7 @@ def test_group_advantages_several_groups_given_advantages_and_labels():
         assert [bar.get_height() for bar in ax.patches] == pytest.approx(row.tolist(), abs=1e-6)
     assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == list("abcdefgh")
     assert all(bar.get_height() == 0.0 for bar in fig.axes[1].patches)  # a constant group: zero, not NaN
+    assert {t.get_text() for t in fig.axes[1].texts} == {"A=0\nr=1"}
 
 
 # --- clipping -----------------------------------------------------------------------------

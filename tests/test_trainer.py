@@ -49,8 +49,15 @@ def test_metrics_file_uses_trl_names(tiny, train_dataset, eval_dataset, small_co
         "reward", "reward_std", "rewards/correctness_reward/mean", "rewards/format_reward/mean",
         "frac_reward_zero_std", "kl", "entropy", "clip_ratio/region_mean", "completions/mean_length",
         "completions/clipped_ratio", "grad_norm", "loss", "step_time", "time/rollout", "time/update",
+        "frac_reward_zero_std/all_correct", "frac_reward_zero_std/all_wrong", "advantages/std",
+        "completions/distinct_per_group",
     ):  # fmt: skip
         assert key in rows[0], key
+    for row in rows:  # the split adds up; scale_rewards="group": advantage std 1 per informative group, 0 otherwise
+        total = row["frac_reward_zero_std"]
+        assert row["frac_reward_zero_std/all_correct"] + row["frac_reward_zero_std/all_wrong"] == pytest.approx(total)
+        assert row["advantages/std"] == pytest.approx(1.0 - total, abs=1e-3)
+        assert 1.0 <= row["completions/distinct_per_group"] <= config.num_generations
     assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0
     assert "eval/accuracy" not in rows[0]
 
