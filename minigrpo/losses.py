@@ -190,11 +190,12 @@ def reinforce_loss(
                      |        | a number, or an (N,) tensor (say, the group means); no gradient
     returns          | ()     | the loss, reduced over tokens as `aggregate_loss(loss_type)` does
 
-    Its gradient, -(r_i - b) grad log pi summed over the tokens of o_i, is the
-    policy gradient estimate; a baseline leaves it unbiased (as long as b does not
-    depend on o_i) and lowers its variance. GRPO's clipped surrogate at ratio 1
-    (one update per rollout) has the same gradient for every loss_type, token or
-    sequence ratio, but not the same value: the surrogate reads -A aggregated
+    Minus its gradient, (r_i - b) grad log pi(o_i) scaled by the loss_type's
+    normaliser, is REINFORCE's policy-gradient estimate. A baseline that does not
+    depend on o_i leaves it unbiased and lowers its variance ("mean" includes r_i
+    itself, which shrinks the estimate by (N - 1) / N: lesson 01). GRPO's clipped
+    surrogate at ratio 1 (one update per rollout) has the same gradient for every
+    loss_type, token or sequence ratio, but not the same value: the surrogate reads -A aggregated
     (0 on average), this reads -A log pi aggregated. Only gradients count.
     """
     assert per_token_logps.shape == completion_mask.shape, "per_token_logps and completion_mask must both be (N, T)"
