@@ -8,7 +8,9 @@ DeepSeekMath's objective (arXiv 2402.03300, eq. 3), to be *maximised*:
     KL_it  = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1                  the k3 estimator
 
 The loss is -J. Everything here works on (N, T) per-token tensors (N = B * G
-completions, T completion tokens) and the (N,) advantages.
+completions, T completion tokens) and the (N,) advantages. At rho = 1 the
+surrogate's gradient is REINFORCE's, whose loss -(r - b) log pi
+(`reinforce_loss`) closes the module.
 """
 
 from __future__ import annotations
@@ -170,3 +172,46 @@ def grpo_loss(
         per_token_loss, completion_mask, config.loss_type, config.max_completion_length, num_items_in_batch
     )
     return loss, metrics
+
+
+def reinforce_loss(
+    per_token_logps: torch.Tensor,
+    rewards: torch.Tensor,
+    completion_mask: torch.Tensor,
+    baseline: str | float | torch.Tensor | None = None,
+    loss_type: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | None = None,
+) -> torch.Tensor:
+    """REINFORCE as a loss (Williams, 1992): -(r_i - b) log pi_theta(o_it), per token, aggregated.
+
+    Symbol           | Shape  | Description
+    -----------------|--------|---------------------------------------------------------------
+    per_token_logps  | (N, T) | log pi_theta of each completion token, with gradient
+    rewards          | (N,)   | r_i, one per completion (or advantages already computed)
+    completion_mask  | (N, T) | 1 on tokens that count
+    baseline         |        | b: None (0: raw rewards), "mean" (the mean of the N rewards),
+                     |        | a number, or an (N,) tensor (say, the group means); no gradient
+    returns          | ()     | the loss, reduced over tokens as `aggregate_loss(loss_type)` does
+
+    Minus its gradient, (r_i - b) grad log pi(o_i) scaled by the loss_type's
+    normaliser, is REINFORCE's policy-gradient estimate. A baseline that does not
+    depend on o_i leaves it unbiased and lowers its variance ("mean" includes r_i
+    itself, which shrinks the estimate by (N - 1) / N: lesson 01). GRPO's clipped
+    surrogate at ratio 1 (one update per rollout) has the same gradient for every
+    loss_type, token or sequence ratio, but not the same value: the surrogate reads -A aggregated
+    (0 on average), this reads -A log pi aggregated. Only gradients count.
+    """
+    assert per_token_logps.shape == completion_mask.shape, "per_token_logps and completion_mask must both be (N, T)"
+    assert rewards.shape == per_token_logps.shape[:1], "rewards must be (N,), one per completion"
+    if baseline is None:
+        baseline = 0.0
+    elif isinstance(baseline, str):
+        if baseline != "mean":
+            raise ValueError(f"baseline={baseline!r}: use None, 'mean', a number or an (N,) tensor.")
+        baseline = rewards.mean()
+    elif isinstance(baseline, torch.Tensor) and baseline.shape not in ((), rewards.shape):
+        raise ValueError(f"baseline has shape {tuple(baseline.shape)}: give one number or one per completion, (N,).")
+    weights = (rewards - baseline).detach()  # (N,): a weight, not a path for gradients
+    per_token_loss = -weights.unsqueeze(1) * per_token_logps  # (N, T)
+    return aggregate_loss(per_token_loss, completion_mask, loss_type, max_completion_length, num_items_in_batch)

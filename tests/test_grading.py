@@ -20,11 +20,13 @@ import torch
 
 from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages
+from minigrpo.grading.cases.completion_mask import MISTAKES as MASK_MISTAKES
 from minigrpo.grading.cases.logprobs import logps_reference
 from minigrpo.kl import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
 from minigrpo.ppo import compute_gae
+from minigrpo.rollout import completion_mask_from_eos
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, extract_answer, graded_reward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,6 +181,11 @@ CHECKS = {
         "forward KL(pi_ref || pi_theta)",
     ),
     "check_kl_directions": (lambda: KL_DIRECTIONS, lambda: {**KL_DIRECTIONS, "k3": "reverse"}, "averages over pi_ref"),
+    "check_completion_mask": (
+        lambda ids, eos, pad: completion_mask_from_eos(ids, eos)[0],
+        lambda ids, eos, pad: (ids != pad).long(),
+        "ids != pad_token_id",
+    ),
 }
 
 
@@ -203,6 +210,47 @@ def test_planted_mistake_fails_with_its_hint(name, capsys):
     failed = [c for c in result.cases if not c.passed]
     assert any(hint in c.message for c in failed), [c.message for c in failed]
     assert "FAIL" in capsys.readouterr().out
+
+
+def _mask_before_first(ids, eos, inclusive=True, guard_no_eos=True):
+    is_eos = torch.isin(ids, torch.tensor(eos))
+    first = is_eos.int().argmax(1)
+    if guard_no_eos:
+        first = torch.where(is_eos.any(1), first, ids.shape[1])
+    columns = torch.arange(ids.shape[1])
+    return columns <= first[:, None] if inclusive else columns < first[:, None]
+
+
+def _mask_before_last(ids, eos, pad):
+    is_eos = torch.isin(ids, torch.tensor(eos))
+    last = torch.where(is_eos.any(1), ids.shape[1] - 1 - is_eos.flip(1).int().argmax(1), ids.shape[1])
+    return torch.arange(ids.shape[1]) <= last[:, None]
+
+
+WRONG_COMPLETION_MASKS = {
+    "argmax": lambda ids, eos, pad: _mask_before_first(ids, eos, guard_no_eos=False),
+    "ids_not_pad": lambda ids, eos, pad: ids != pad,
+    "excludes_eos": lambda ids, eos, pad: _mask_before_first(ids, eos, inclusive=False),
+    "last_eos": _mask_before_last,
+    "first_id_only": lambda ids, eos, pad: _mask_before_first(ids, eos[:1]),
+    "truncated_empty": lambda ids, eos, pad: (
+        _mask_before_first(ids, eos) & torch.isin(ids, torch.tensor(eos)).any(1)[:, None]
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(WRONG_COMPLETION_MASKS))
+def test_each_completion_mask_mistake_gets_its_own_hint(mistake, capsys):
+    result = grading.check_completion_mask(WRONG_COMPLETION_MASKS[mistake])
+    assert result.points < result.max_points
+    assert any(MASK_MISTAKES[mistake] in c.message for c in result.cases if not c.passed)
+
+
+def test_a_completion_mask_of_bools_or_floats_earns_full_marks_and_the_package_s_earns_none(capsys):
+    assert grading.check_completion_mask(lambda ids, eos, pad: _mask_before_first(ids, eos)).passed  # bool
+    assert grading.check_completion_mask(lambda ids, eos, pad: _mask_before_first(ids, eos).float()).passed
+    result = grading.check_completion_mask(lambda ids, eos, pad: completion_mask_from_eos(ids, eos)[0])
+    assert result.points == 0 and "completion_mask_from_eos" in capsys.readouterr().out
 
 
 # --- errors, timeouts, records ------------------------------------------------------------

@@ -13,6 +13,7 @@ from minigrpo.losses import (
     grpo_loss,
     importance_ratio,
     kl_penalty,
+    reinforce_loss,
 )
 
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])  # lengths 3 and 1
@@ -166,3 +167,70 @@ def test_grpo_loss_by_hand_with_kl():
 def test_unknown_loss_type_is_clear():
     with pytest.raises(ValueError, match="loss_type"):
         aggregate_loss(LOSS, MASK, "mean")
+
+
+# --- REINFORCE, and the surrogate reducing to it at ratio 1 --------------------------------
+LOGPS = torch.tensor([[-1.0, -2.0, -3.0, 50.0], [-0.5, 50.0, 50.0, 50.0]])  # 50 = padding, must not count
+
+
+@pytest.mark.parametrize(
+    ("baseline", "loss_type", "want"),
+    [
+        (None, "grpo", (2.0 + 0.0) / 2),  # A = (1, 0): row 0 mean of (1, 2, 3) = 2, row 1 weighs 0
+        ("mean", "grpo", (0.5 * 2.0 + -0.5 * 0.5) / 2),  # b = 0.5: A = (0.5, -0.5); -A log pi = (1, 2, 3) / 2 and -0.25
+        ("mean", "bnpo", (0.5 * 6.0 - 0.25) / 4),  # token mean over the 4 real tokens
+        ("mean", "dr_grpo", (0.5 * 6.0 - 0.25) / (2 * 4)),  # N = 2 x max_completion_length = 4
+        (0.25, "grpo", (0.75 * 2.0 - 0.25 * 0.5) / 2),  # A = (0.75, -0.25)
+        (torch.tensor([1.0, 0.0]), "grpo", 0.0),  # a per-completion baseline equal to the rewards: no signal
+    ],
+)
+def test_reinforce_loss_by_hand(baseline, loss_type, want):
+    rewards = torch.tensor([1.0, 0.0])
+    loss = reinforce_loss(LOGPS, rewards, MASK, baseline, loss_type, max_completion_length=4)
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+
+
+def test_reinforce_gradient_by_hand_and_nothing_flows_into_padding_or_rewards():
+    logp = LOGPS.clone().requires_grad_()
+    rewards = torch.tensor([1.0, 0.0], requires_grad=True)
+    reinforce_loss(logp, rewards, MASK, "mean").backward()
+    # d/dlogp_it = -A_i / |o_i| / N: row 0 -0.5 / 3 / 2, row 1 +0.5 / 1 / 2; padding 0
+    want = torch.tensor([[-1 / 12, -1 / 12, -1 / 12, 0.0], [0.25, 0.0, 0.0, 0.0]])
+    torch.testing.assert_close(logp.grad, want)
+    assert rewards.grad is None  # the rewards weight the gradient; they are not differentiated
+
+
+def test_reinforce_with_mean_baseline_is_zero_for_equal_rewards():
+    logp = torch.randn(3, 4, requires_grad=True)
+    loss = reinforce_loss(logp, torch.full((3,), 2.0), torch.ones(3, 4), "mean")
+    loss.backward()
+    assert loss.item() == 0.0 and (logp.grad == 0).all()
+
+
+def test_reinforce_bad_baseline_is_clear():
+    with pytest.raises(ValueError, match="baseline='median'"):
+        reinforce_loss(LOGPS, torch.ones(2), MASK, "median")
+    with pytest.raises(ValueError, match=r"shape \(2, 1\)"):
+        reinforce_loss(LOGPS, torch.ones(2), MASK, torch.ones(2, 1))
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo"])
+def test_clipped_surrogate_at_ratio_one_has_reinforces_gradient_not_its_value(loss_type, level):
+    """grpo_loss with beta = 0 and pi_old = pi_theta.detach(): the gradient of reinforce_loss, for every loss_type,
+    per-token or per-sequence (GSPO) ratio. The values differ: the surrogate reads -A, REINFORCE -A log pi."""
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]]).float()  # (4, 5)
+    logp = (-3 * torch.rand(4, 5, generator=generator)).requires_grad_()
+    advantages = torch.tensor([1.2, -0.4, 0.7, -1.5])
+    config = GRPOConfig(beta=0.0, loss_type=loss_type, importance_sampling_level=level, max_completion_length=5)
+    surrogate_loss, _ = grpo_loss(logp, None, None, advantages, mask, config)
+    reinforce = reinforce_loss(logp, advantages, mask, None, loss_type, max_completion_length=5)
+    (surrogate_grad,) = torch.autograd.grad(surrogate_loss, logp)
+    (reinforce_grad,) = torch.autograd.grad(reinforce, logp)
+    torch.testing.assert_close(surrogate_grad, reinforce_grad, rtol=0, atol=1e-7)
+    assert (reinforce_grad[mask == 1] != 0).all() and (reinforce_grad[mask == 0] == 0).all()
+    minus_advantage = -advantages.unsqueeze(1).expand(4, 5)  # (N, T): -A on every token, the value at ratio 1
+    torch.testing.assert_close(surrogate_loss, aggregate_loss(minus_advantage, mask, loss_type, 5))
+    torch.testing.assert_close(reinforce, aggregate_loss(minus_advantage * logp.detach(), mask, loss_type, 5))
+    assert abs(surrogate_loss.item() - reinforce.item()) > 0.01  # so the two value checks above are not one

@@ -12,12 +12,14 @@
 | 08 | grpo_step | check_grpo_step |
 | 09 | step_one_loss | check_step_one_loss, check_worked_example_step_one_loss |
 | 10 | failure_modes | check_failure_modes |
+| 11 | completion_mask | check_completion_mask |
 | 12 | off_policy | check_importance_ratio, check_clip_fractions |
 | 13 | kl_gradient | check_kl_loss_gradient, check_kl_directions |
 """
 
 from minigrpo.grading.cases.advantages import check_group_relative_advantages, check_rloo_advantages
 from minigrpo.grading.cases.aggregation import check_aggregate_loss
+from minigrpo.grading.cases.completion_mask import check_completion_mask
 from minigrpo.grading.cases.failure_modes import check_failure_modes
 from minigrpo.grading.cases.gae import check_compute_gae
 from minigrpo.grading.cases.grpo_step import check_grpo_step
@@ -39,6 +41,7 @@ __all__ = [
     "check_aggregate_loss",
     "check_clip_fractions",
     "check_clipped_surrogate",
+    "check_completion_mask",
     "check_compute_gae",
     "check_extract_answer",
     "check_failure_modes",
