@@ -10,7 +10,7 @@ from minigrpo.advantages import group_baseline, group_relative_advantages, group
 from minigrpo.config import GRPOConfig
 from minigrpo.evaluation import evaluate_model, greedy_completions
 from minigrpo.logprobs import masked_mean, masked_sum, per_token_logps, selective_log_softmax
-from minigrpo.losses import aggregate_loss, clipped_surrogate, grpo_loss, importance_ratio, kl_penalty
+from minigrpo.losses import aggregate_loss, clipped_surrogate, grpo_loss, importance_ratio, kl_penalty, reinforce_loss
 from minigrpo.models import (
     QWEN_MODEL_ID,
     count_parameters,
@@ -63,6 +63,7 @@ __all__ = [
     "masked_sum",
     "per_token_logps",
     "pick_device",
+    "reinforce_loss",
     "repeat_for_group",
     "reward_scale",
     "sample_group_rollout",
