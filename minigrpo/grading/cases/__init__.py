@@ -12,10 +12,12 @@
 | 08 | grpo_step | check_grpo_step |
 | 09 | step_one_loss | check_step_one_loss, check_worked_example_step_one_loss |
 | 10 | failure_modes | check_failure_modes |
+| 14 | dynamic_sampling | check_keep_informative_groups, check_fill_batch |
 """
 
 from minigrpo.grading.cases.advantages import check_group_relative_advantages, check_rloo_advantages
 from minigrpo.grading.cases.aggregation import check_aggregate_loss
+from minigrpo.grading.cases.dynamic_sampling import check_fill_batch, check_keep_informative_groups
 from minigrpo.grading.cases.failure_modes import check_failure_modes
 from minigrpo.grading.cases.gae import check_compute_gae
 from minigrpo.grading.cases.grpo_step import check_grpo_step
@@ -37,9 +39,11 @@ __all__ = [
     "check_compute_gae",
     "check_extract_answer",
     "check_failure_modes",
+    "check_fill_batch",
     "check_graded_reward",
     "check_group_relative_advantages",
     "check_grpo_step",
+    "check_keep_informative_groups",
     "check_kl_k3",
     "check_masked_mean",
     "check_per_token_logps",
