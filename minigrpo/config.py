@@ -1,18 +1,22 @@
 """GRPOConfig: every knob of a GRPO run in one flat dataclass.
 
 Field names follow TRL's ``GRPOConfig`` wherever TRL has one, so that a learner
-who moves to TRL recognises them. Defaults follow the DeepSeekMath paper
-(arXiv 2402.03300), *not* TRL's moving defaults:
+who moves to TRL recognises them. The algorithm's defaults follow the DeepSeekMath
+paper (Shao et al., 2024, arXiv 2402.03300, section 4.2) where it states a value,
+*not* TRL's moving defaults; the sizes (G, lengths) are CPU-friendly, and the
+presets (tiny_cpu, qwen_t4) set the run lengths and batches:
 
-| field            | minigrpo (paper) | TRL 1.x default | what differs                              |
-| ---------------- | ---------------- | --------------- | ----------------------------------------- |
-| beta             | 0.04             | 0.0             | TRL drops the KL term (and the ref model) |
-| loss_type        | "grpo"           | "dapo"          | per-sequence mean vs token-level mean     |
-| scale_rewards    | "group"          | "group"         | (was a bool before TRL 0.20)              |
-| epsilon          | 0.2              | 0.2             |                                           |
-| num_generations  | 8                | 8               |                                           |
-| num_iterations   | 1                | 1               |                                           |
-| use_bias_correction_kl | (no)       | True            | TRL 1.16 multiplies the KL by the ratio   |
+| field                  | minigrpo | DeepSeekMath      | TRL 1.16 default | what differs                              |
+| ---------------------- | -------- | ----------------- | ---------------- | ----------------------------------------- |
+| beta                   | 0.04     | 0.04              | 0.0              | TRL drops the KL term (and the ref model) |
+| loss_type              | "grpo"   | per-sequence mean | "dapo"           | per-sequence mean vs token-level mean     |
+| scale_rewards          | "group"  | group std         | "group"          | (TRL: a bool before 0.20)                 |
+| learning_rate          | 1e-6     | 1e-6              | 1e-6             |                                           |
+| num_iterations         | 1        | 1 (one update)    | 1                |                                           |
+| num_generations        | 8        | 64                | 8                | 8 keeps a step small on a CPU or T4       |
+| max_completion_length  | 64       | 1024              | 512              | the arithmetic answers are short          |
+| epsilon                | 0.2      | (not stated)      | 0.2              | PPO's customary clip range                |
+| use_bias_correction_kl | (no)     | (no)              | True             | TRL multiplies the KL by the ratio        |
 
 Notation (used everywhere in the package): B prompts per step, G =
 num_generations completions per prompt, N = B * G completions, T completion
@@ -67,11 +71,13 @@ RESUME_FREE_FIELDS = (
 @refuse_unknown_fields
 @dataclass
 class GRPOConfig:
-    """Hyper-parameters of a GRPO run (TRL names, paper defaults)."""
+    """Hyper-parameters of a GRPO run: TRL's names; DeepSeekMath's values where the paper states one, CPU-friendly
+    sizes otherwise (G = 8, not the paper's 64; see the table in the module docstring)."""
 
     # --- the group -------------------------------------------------------------
     num_generations: int = 8
-    """G, completions sampled per prompt. At least 2 (a group of one has no baseline). Typical 4-16."""
+    """G, completions sampled per prompt. At least 2 (a group of one has no baseline). Typical 4-16; DeepSeekMath
+    sampled 64, minigrpo's 8 (TRL's default too) keeps a step affordable on a CPU or a T4."""
     per_device_train_batch_size: int = 32
     """Completions per micro-batch (per process) in the update, as in TRL. Smaller saves memory, same gradient."""
     gradient_accumulation_steps: int | None = None
@@ -132,6 +138,16 @@ class GRPOConfig:
     num_iterations: int = 1
     """mu, optimisation passes over each rollout batch. 1 = strictly on-policy (ratio == 1)."""
 
+    # --- dynamic sampling (DAPO) ---------------------------------------------------
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al., 2025, arXiv 2503.14476, section 3.2): sample rounds of B prompts until B
+    groups whose rewards are not all equal are kept, and train on those (minigrpo.dynamic_sampling). verl's
+    algorithm.filter_groups.enable; TRL 1.16 has no such option. GRPOTrainer only, in one process."""
+    max_num_gen_batches: int = 10
+    """With dynamic_sampling: at most this many rounds of B prompts per step (verl's name; DAPO's recipe uses 10).
+    When they run out, the step trains on the groups kept so far (fewer than B; none: no update) and logs
+    dynamic_sampling/groups_kept. At least 1 (verl's 0, no limit, would loop forever on a task nobody solves)."""
+
     # --- optimisation ------------------------------------------------------------
     learning_rate: float = 1e-6
     """AdamW step size. ~1e-6 for a 0.5B model; the tiny preset uses 3e-4."""
@@ -139,7 +155,7 @@ class GRPOConfig:
     """AdamW weight decay."""
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
-    """AdamW betas (DeepSeekMath uses 0.9 / 0.95; TRL 0.9 / 0.999)."""
+    """AdamW betas (TRL 0.9 / 0.999; DeepSeekMath's pre-training used 0.9 / 0.95, its RL section states none)."""
     warmup_steps: int = 0
     """Linear warm-up steps of the learning rate."""
     lr_scheduler_type: Literal["constant", "linear"] = "constant"
@@ -313,6 +329,7 @@ class GRPOConfig:
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: an Adam beta must be in [0, 1) (typical 0.9-0.999).")
+        _check_dynamic_sampling(self)
         if self.reward_timeout is not None and not self.reward_timeout > 0:
             raise ValueError(
                 f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."
@@ -364,9 +381,10 @@ class GRPOConfig:
 
     @classmethod
     def qwen_t4(cls, **overrides) -> GRPOConfig:
-        """Qwen2.5-0.5B-Instruct on a free Colab T4 (15 GB; no native bf16, so fp32 weights, fp32 AdamW, no autocast).
+        """Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB, 15 GB usable; no native bf16, so fp32 weights, fp32
+        AdamW, no autocast).
 
-        fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 x 2 GB = 9.2 GiB before any
+        fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 x 1.98 GB = 9.9 GB (9.2 GiB) before any
         activation; micro-batches of 8 completions with gradient checkpointing keep a full step's live tensors
         at 11.0 GiB, reached at the AdamW step (`python bench/memory.py --model qwen0.5b-shape --preset t4`:
         completions forced to 128 tokens; rollout 6.1 GiB, update 11.0 GiB of which 1.8 GiB AdamW temporaries)."""
@@ -501,6 +519,32 @@ def check_trl_switches(config: GRPOConfig) -> None:
         raise ValueError(
             f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
             "trainer.state.log_history only. Set report_to='none' (plot with minigrpo.plots.plot_training_curves)."
+        )
+
+
+def _check_dynamic_sampling(config: GRPOConfig) -> None:
+    """dynamic_sampling trains on B groups, or fewer when max_num_gen_batches rounds run out: the update must
+    take any whole number of groups, so each pass is one optimizer step of equal micro-batches."""
+    if config.max_num_gen_batches < 1:
+        raise ValueError(
+            f"max_num_gen_batches={config.max_num_gen_batches}: give at least 1 round per step (DAPO's recipe "
+            "uses 10). There is no unlimited setting: a step where every group stays all-wrong would never end."
+        )
+    if not config.dynamic_sampling:
+        return
+    G, N, mb = config.num_generations, config.num_completions, config.per_device_train_batch_size
+    if config.steps_per_generation != config.gradient_accumulation_steps:
+        raise ValueError(
+            f"dynamic_sampling=True with steps_per_generation={config.steps_per_generation} != "
+            f"gradient_accumulation_steps={config.gradient_accumulation_steps}: a step may keep fewer than B "
+            "groups, which cannot be cut into a fixed number of optimizer steps. Give prompts_per_step and leave "
+            "steps_per_generation and gradient_accumulation_steps unset (one optimizer step per generation)."
+        )
+    if G % mb != 0 and mb < N:
+        raise ValueError(
+            f"dynamic_sampling=True with per_device_train_batch_size={mb}: when fewer than B groups are kept, "
+            f"micro-batches of {mb} would come out unequal and weigh their completions unequally. Set it to a "
+            f"divisor of num_generations={G}, or to N = {N} or more (one micro-batch)."
         )
 
 

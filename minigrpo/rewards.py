@@ -149,3 +149,58 @@ def compute_rewards(
     rewards_per_func = torch.tensor(columns_per_func, dtype=torch.float32).T  # (N, F)
     weighted = rewards_per_func * torch.tensor(weights, dtype=torch.float32)  # (N, F)
     return rewards_per_func, torch.nansum(weighted, dim=1)  # (N, F), (N,)
+
+
+# --- DAPO's soft overlong punishment -------------------------------------------------
+def soft_overlong_penalty(length: int, max_completion_len: int, soft_punish_cache: int) -> float:
+    """DAPO's length reward (Yu et al., 2025, arXiv 2503.14476, eq. 13) for one completion of `length` tokens:
+
+        0                                  if length <= L_max - L_cache
+        (L_max - L_cache - length) / L_cache   if L_max - L_cache < length <= L_max   (from 0 down to -1)
+        -1                                 if length > L_max
+
+    with L_max = max_completion_len and L_cache = soft_punish_cache. A completion
+    cut off by the length limit has no final answer; a hard -1 for it would punish
+    a good but long line of reasoning as much as a wrong one, so the penalty ramps
+    in over the last L_cache tokens instead. With L_cache = 0 it is the hard step.
+    """
+    threshold = max_completion_len - soft_punish_cache
+    if length <= threshold:
+        return 0.0
+    if length <= max_completion_len:
+        return (threshold - length) / soft_punish_cache
+    return -1.0
+
+
+class SoftOverlongPunishment:
+    """The reward function `get_soft_overlong_punishment` returns: soft_overlong_penalty of each completion's
+    length in tokens (its completion_ids, EOS included, as TRL passes them). A class, not a closure, so that it
+    pickles; its __name__ is TRL's, so the logged metric is rewards/soft_overlong_punishment_reward/mean there too."""
+
+    __name__ = "soft_overlong_punishment_reward"
+
+    def __init__(self, max_completion_len: int, soft_punish_cache: int):
+        self.max_completion_len, self.soft_punish_cache = max_completion_len, soft_punish_cache
+
+    def __call__(self, completion_ids: list[list[int]], **kwargs) -> list[float]:
+        return [
+            soft_overlong_penalty(len(ids), self.max_completion_len, self.soft_punish_cache) for ids in completion_ids
+        ]
+
+
+def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int) -> RewardFunc:
+    """DAPO's soft overlong punishment as a reward function (TRL's `trl.rewards.get_soft_overlong_punishment`,
+    same name, arguments and values). Add it to the task's reward with its own weight, for example
+    ``reward_funcs=[correctness_reward, get_soft_overlong_punishment(config.max_completion_length, 8)]``.
+
+    max_completion_len: L_max in tokens, usually GRPOConfig.max_completion_length (minigrpo never samples
+    longer, so the -1 beyond it only applies when L_max is set lower). soft_punish_cache: L_cache, the
+    last tokens before L_max over which the penalty ramps from 0 to -1 (DAPO: 4096 of 20480).
+    """
+    if max_completion_len < 1 or not 0 <= soft_punish_cache <= max_completion_len:
+        raise ValueError(
+            f"max_completion_len={max_completion_len}, soft_punish_cache={soft_punish_cache}: give "
+            "max_completion_len >= 1 and 0 <= soft_punish_cache <= max_completion_len (the ramp is the last "
+            "soft_punish_cache tokens before max_completion_len)."
+        )
+    return SoftOverlongPunishment(max_completion_len, soft_punish_cache)

@@ -31,6 +31,7 @@ from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
     latest_checkpoint,
 )
 from minigrpo.config import GRPOConfig
+from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, kept_rows, select_completions
 from minigrpo.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
@@ -77,6 +78,8 @@ class Trainer(CheckpointMixin):
     config_class = GRPOConfig
     supports_distributed = False
     """Whether the update runs under torchrun (its gradients synchronised over the processes)."""
+    supports_dynamic_sampling = False
+    """Whether config.dynamic_sampling (DAPO's refill) is implemented: GRPOTrainer's collect_rollout."""
 
     def __init__(
         self,
@@ -179,6 +182,8 @@ class Trainer(CheckpointMixin):
                     "over processes. Run it in one process (python, not torchrun)."
                 )
             distributed.check_config(config)
+        if config.dynamic_sampling:
+            self._check_dynamic_sampling()
         if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
             raise ValueError(
                 "reward_funcs must be one or more functions f(prompts, completions, completion_ids, **kw)."
@@ -209,6 +214,20 @@ class Trainer(CheckpointMixin):
             raise ValueError(
                 f"max_prompt_length={config.max_prompt_length} + max_completion_length="
                 f"{config.max_completion_length} exceeds the model's context of {context} tokens: lower one of them."
+            )
+
+    def _check_dynamic_sampling(self) -> None:
+        if not self.supports_dynamic_sampling:
+            raise ValueError(
+                f"dynamic_sampling=True: {type(self).__name__} does not implement DAPO's dynamic sampling (it filters "
+                "GRPO's groups). Use GRPOTrainer, or set dynamic_sampling=False."
+            )
+        if distributed.is_distributed():
+            # Each rank would keep a different number of groups after a different number of rounds: the ranks'
+            # prompt order, DDP's gradient average and the step count would no longer match one process's.
+            raise NotImplementedError(
+                "dynamic_sampling=True does not run under torchrun: each process would refill its own groups. "
+                "Run it in one process (python, not torchrun), or set dynamic_sampling=False."
             )
 
     def _prompt_token_ids(self, prompts) -> list[list[int]]:
@@ -314,12 +333,16 @@ class Trainer(CheckpointMixin):
         return distributed.reduce_metrics(metrics)  # this rank's -> the step's (means over ranks)
 
     def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics.
-        Under torchrun: this rank's B/K prompts, each group sampled from its own seed (minigrpo.distributed)."""
+        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics."""
+        rollout, rewards_per_func, rewards, metrics = self.generate_and_score(self.config.prompts_per_step)
+        metrics.update(self.rollout_metrics(rollout, rewards_per_func, rewards))
+        return rollout, rewards.to(self.device), metrics
+
+    def generate_and_score(self, num_prompts: int) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
+        """The next `num_prompts` prompts -> rollout, rewards_per_func (N, F), rewards (N,), and the time taken.
+        Under torchrun: this rank's share of the prompts, each group sampled from its own seed (see distributed)."""
         config = self.config
-        indices, group_seeds = distributed.local_groups(
-            self.sampler.next_indices(config.prompts_per_step), config.seed, self.step
-        )
+        indices, group_seeds = distributed.local_groups(self.sampler.next_indices(num_prompts), config.seed, self.step)
         batch = self.train_dataset[indices]
         started = time.perf_counter()
         rollout = sample_group_rollout(
@@ -336,10 +359,14 @@ class Trainer(CheckpointMixin):
             config.reward_weights,
             config.reward_timeout,
         )
-        metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
-        metrics.update(reward_metrics(rewards_per_func, rewards, self.reward_funcs, config.num_generations))
-        metrics.update(completion_metrics(rollout, config.num_generations))
-        return rollout, rewards.to(self.device), metrics
+        timing = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
+        return rollout, rewards_per_func, rewards, timing
+
+    def rollout_metrics(self, rollout: Rollout, rewards_per_func: torch.Tensor, rewards: torch.Tensor) -> dict:
+        """What the completions scored and how long they were (TRL's names)."""
+        metrics = reward_metrics(rewards_per_func, rewards, self.reward_funcs, self.config.num_generations)
+        metrics.update(completion_metrics(rollout, self.config.num_generations))
+        return metrics
 
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         raise NotImplementedError
@@ -447,9 +474,54 @@ class GRPOTrainer(Trainer):
     """
 
     supports_distributed = True
+    supports_dynamic_sampling = True
+
+    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """Stages 1-2; with config.dynamic_sampling, DAPO's refill (collect_informative_rollout)."""
+        if self.config.dynamic_sampling:
+            return self.collect_informative_rollout()
+        return super().collect_rollout()
+
+    def collect_informative_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """DAPO's dynamic sampling: rounds of B prompts until B groups whose rewards are not all equal are kept
+        (minigrpo.dynamic_sampling.fill_batch), at most max_num_gen_batches rounds; fewer groups when they run out.
+
+        The usual metrics (reward, frac_reward_zero_std, completions/...) are over every generated group, so they
+        describe the policy as a run without dynamic sampling would; time/rollout and time/rewards add up the
+        rounds; dynamic_sampling/* say what the refill cost and what was trained on.
+        """
+        config = self.config
+        B, G = config.prompts_per_step, config.num_generations
+        rounds = []  # (rollout, rewards_per_func, rewards, timing) of each round
+
+        def generate_round() -> torch.Tensor:
+            rounds.append(self.generate_and_score(B))
+            return group_rewards(rounds[-1][2], G)  # (B, G)
+
+        kept, num_rounds = fill_batch(generate_round, B, config.max_num_gen_batches)
+        generated = concat_rollouts([r[0] for r in rounds], self.tokenizer.pad_token_id or 0)  # rounds * N rows
+        rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
+        rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
+        rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
+        metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
+        for key in ("time/rollout", "time/rewards"):
+            metrics[key] = sum(r[3][key] for r in rounds)
+        metrics.update(
+            {
+                "dynamic_sampling/rounds": num_rounds,
+                "dynamic_sampling/groups_generated": num_rounds * B,
+                "dynamic_sampling/groups_kept": len(kept),
+                "dynamic_sampling/kept_fraction": len(kept) / (num_rounds * B),
+            }
+        )
+        if kept:
+            metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
+        return select_completions(generated, rows), rewards[rows].to(self.device), metrics
 
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         config = self.config
+        if rewards.numel() == 0:  # dynamic sampling kept no group: no signal to follow, no optimizer step
+            return {"loss": 0.0, "grad_norm": 0.0}
         grouped = group_rewards(rewards, config.num_generations)  # (B, G)
         advantages = group_relative_advantages(
             grouped, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon

@@ -1,15 +1,16 @@
-"""GRPO's variants as config fields, and DAPO's dynamic-sampling filter (lesson 07).
+"""GRPO's variants as config fields (lesson 07).
 
 Dr. GRPO, DAPO, GSPO and RLOO are not new algorithms to this package: each is
 a handful of GRPOConfig fields (the loss normaliser, the clip range, the
-ratio's level, the baseline). ``VARIANTS`` names those fields; only DAPO adds
-a step the config cannot express, dynamic sampling, which here is reduced to
-its filter: groups whose rewards are all equal are dropped before the update.
+ratio's level, the baseline). ``VARIANTS`` names those fields. DAPO's
+dynamic sampling is a field too (``dynamic_sampling=True``), but it changes
+the loop rather than the loss: it lives in ``minigrpo.dynamic_sampling``.
 
 - ``Variant`` / ``VARIANTS`` / ``variant_config`` / ``config_diff``: the
   variants, and what each changes.
 - ``dynamic_sampling_mask`` / ``select_completions`` /
-  ``DynamicSamplingGRPOTrainer``: DAPO's filter.
+  ``DynamicSamplingGRPOTrainer``: DAPO's filter and refill, re-exported
+  under the names lesson 07 uses.
 - ``per_token_gradient_weights``: the weight each ``loss_type`` gives one
   token, read off autograd, which is where Dr. GRPO and DAPO differ from GRPO.
 
@@ -23,21 +24,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigrpo.advantages import group_rewards, zero_std_groups
 from minigrpo.config import GRPOConfig
+from minigrpo.dynamic_sampling import informative_groups, select_completions  # noqa: F401 (re-exported)
 from minigrpo.losses import aggregate_loss
-from minigrpo.rollout import Rollout
 from minigrpo.trainer import GRPOTrainer
 
 
 # --- the variants, as config fields ------------------------------------------------
 @dataclass(frozen=True)
 class Variant:
-    """A GRPO variant: the GRPOConfig fields it changes, and whether it filters zero-std groups."""
+    """A GRPO variant: the GRPOConfig fields it changes, and the paper it comes from."""
 
     overrides: dict = field(default_factory=dict)
-    dynamic_sampling: bool = False
     paper: str = ""
+
+    @property
+    def dynamic_sampling(self) -> bool:
+        """Whether the variant refills its batch with groups that carry signal (DAPO)."""
+        return self.overrides.get("dynamic_sampling", False)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -46,15 +50,17 @@ VARIANTS: dict[str, Variant] = {
         dict(scale_rewards="none", loss_type="dr_grpo"), paper="Understanding R1-Zero-Like Training, arXiv 2503.20783"
     ),
     "DAPO": Variant(
-        dict(loss_type="dapo", epsilon_high=0.28, mask_truncated_completions=True, beta=0.0),
-        dynamic_sampling=True,
+        dict(loss_type="dapo", epsilon_high=0.28, mask_truncated_completions=True, beta=0.0, dynamic_sampling=True),
         paper="DAPO, arXiv 2503.14476",
     ),
     "GSPO": Variant(
         dict(importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0.0),
         paper="GSPO, arXiv 2507.18071",
     ),
-    "RLOO": Variant(dict(baseline="rloo", scale_rewards="none"), paper="Back to Basics, arXiv 2402.14740"),
+    "RLOO": Variant(
+        dict(baseline="rloo", scale_rewards="none"),
+        paper="Kool et al. 2019 (Buy 4 REINFORCE samples); for LLMs: Back to Basics, arXiv 2402.14740",
+    ),
 }
 
 
@@ -91,70 +97,25 @@ def per_token_gradient_weights(
     return weights  # (N, T)
 
 
-# --- DAPO's dynamic sampling, as a filter ------------------------------------------
+# --- DAPO's dynamic sampling (minigrpo.dynamic_sampling) ------------------------------
 def dynamic_sampling_mask(grouped_rewards: torch.Tensor) -> torch.Tensor:
     """(B, G) rewards -> (B,) bool: True for the groups DAPO keeps (rewards not all equal).
 
-    A group whose G rewards are equal has advantages exactly 0, so its
-    completions add nothing to the policy gradient; they only add to the
-    loss's normaliser (completions for "grpo", tokens for "dapo"), which
-    shrinks the gradient of the groups that do carry signal. DAPO
-    (arXiv 2503.14476, section 3.2) drops them and samples more prompts until
-    the batch is full again; here we only drop them.
+    A group whose G rewards are equal has advantages exactly 0. With beta = 0
+    its completions add nothing to the policy gradient, only to the loss's
+    normaliser (completions for "grpo", tokens for "dapo"): dropping them
+    rescales the gradient of the rest, which AdamW all but ignores. With
+    beta > 0 they still carry the KL term. What DAPO (arXiv 2503.14476,
+    section 3.2) gains is the refill: more prompts are sampled until the
+    batch holds B groups that carry signal (GRPOConfig(dynamic_sampling=True)).
     """
-    assert grouped_rewards.dim() == 2, f"grouped_rewards must be (B, G), got {tuple(grouped_rewards.shape)}"
-    return ~zero_std_groups(grouped_rewards)
-
-
-def select_completions(rollout: Rollout, rows: torch.Tensor) -> Rollout:
-    """The rollout restricted to the completions where `rows` (N,) bool is True (n of them)."""
-    assert rows.dtype == torch.bool and rows.shape == rollout.is_truncated.shape, "rows must be (N,) bool"
-    index = rows.nonzero().squeeze(1)  # (n,)
-
-    def pick(tensor):
-        return None if tensor is None else tensor[index]
-
-    return Rollout(
-        prompt_ids=rollout.prompt_ids[index],  # (n, P)
-        prompt_mask=rollout.prompt_mask[index],  # (n, P)
-        completion_ids=rollout.completion_ids[index],  # (n, T)
-        completion_mask=rollout.completion_mask[index],  # (n, T)
-        is_truncated=rollout.is_truncated[index],  # (n,)
-        completions=[rollout.completions[i] for i in index.tolist()],
-        old_per_token_logps=pick(rollout.old_per_token_logps),
-        ref_per_token_logps=pick(rollout.ref_per_token_logps),
-    )
+    return informative_groups(grouped_rewards)
 
 
 class DynamicSamplingGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that drops zero-std groups before the update (DAPO's filter, without the refill).
+    """GRPOTrainer with DAPO's dynamic sampling switched on: the same as GRPOTrainer with
+    ``args.replace(dynamic_sampling=True)`` (see GRPOTrainer.collect_informative_rollout)."""
 
-    It overrides only ``optimize(rollout, rewards)``: the kept completions and
-    their rewards go to GRPOTrainer.optimize unchanged. Logs
-    ``dynamic_sampling/kept_fraction``; when every group is dropped the step
-    takes no optimizer step (there is no signal to follow).
-    """
-
-    # Each rank would drop a different number of groups: DDP's gradient average and the step count would no
-    # longer match one process's, and a rank with no group left would skip the all-reduce the others wait in.
-    supports_distributed = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        config = self.config
-        if config.per_device_train_batch_size != config.num_completions:
-            raise ValueError(
-                f"dynamic sampling leaves a varying number of completions per step, so the update must be one "
-                f"micro-batch: set per_device_train_batch_size = N = {config.num_completions} "
-                f"(it is {config.per_device_train_batch_size})."
-            )
-
-    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
-        G = self.config.num_generations
-        keep = dynamic_sampling_mask(group_rewards(rewards, G))  # (B,)
-        metrics = {"dynamic_sampling/kept_fraction": keep.float().mean().item()}
-        if not keep.any():
-            return {**metrics, "loss": 0.0, "grad_norm": 0.0}
-        rows = keep.repeat_interleave(G)  # (N,)
-        metrics.update(super().optimize(select_completions(rollout, rows), rewards[rows]))
-        return metrics
+    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *more, **kwargs):
+        args = (args if args is not None else self.config_class()).replace(dynamic_sampling=True)
+        super().__init__(model, reward_funcs, args, *more, **kwargs)

@@ -20,6 +20,7 @@ import torch
 
 from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages
+from minigrpo.dynamic_sampling import fill_batch, informative_groups
 from minigrpo.grading.cases.completion_mask import MISTAKES as MASK_MISTAKES
 from minigrpo.grading.cases.logprobs import logps_reference
 from minigrpo.kl import KL_DIRECTIONS, expected_kl_loss_gradient
@@ -101,6 +102,21 @@ def clip_fractions_any_sign(ratio, advantages, completion_mask, epsilon_low, eps
 
 def step_one_loss_wrong_sign(advantages, lengths, loss_type, max_completion_length):
     return -grading.step_one_loss(advantages, lengths, loss_type, max_completion_length)
+
+
+def drop_any_equal_pair(grouped):
+    return torch.tensor([len(set(row)) == len(row) for row in grouped.tolist()])
+
+
+def fill_batch_overshooting(generate_round, num_groups_wanted, max_rounds):
+    """The refill loop without its last line: it keeps the extra groups of the last round."""
+    kept, rounds = [], 0
+    while len(kept) < num_groups_wanted and rounds < max_rounds:
+        grouped = generate_round()
+        keep = grouped.max(dim=1).values != grouped.min(dim=1).values
+        kept += [(rounds, group) for group in keep.nonzero()[:, 0].tolist()]
+        rounds += 1
+    return kept, rounds
 
 
 def make_grpo_step(scale_rewards=None):
@@ -186,6 +202,8 @@ CHECKS = {
         lambda ids, eos, pad: (ids != pad).long(),
         "ids != pad_token_id",
     ),
+    "check_keep_informative_groups": (informative_groups, drop_any_equal_pair, "ALL its rewards are equal"),
+    "check_fill_batch": (fill_batch, fill_batch_overshooting, "drop the extra groups"),
 }
 
 

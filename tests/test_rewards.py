@@ -111,3 +111,34 @@ def test_within_the_timeout_results_and_errors_are_unchanged():
 def test_reward_timeout_must_be_positive(timeout):
     with pytest.raises(ValueError, match="reward_timeout"):
         compute_rewards([length_reward], PROMPTS, COMPLETIONS, IDS, {}, reward_timeout=timeout)
+
+
+# --- DAPO's soft overlong punishment ----------------------------------------------------
+def test_soft_overlong_punishment_by_hand():
+    from minigrpo.rewards import get_soft_overlong_punishment
+
+    punish = get_soft_overlong_punishment(max_completion_len=20, soft_punish_cache=4)  # ramp over lengths 17..20
+    lengths = [0, 1, 15, 16, 17, 18, 19, 20, 21, 40]
+    expected = [0.0, 0.0, 0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0, -1.0]
+    assert punish(completion_ids=[[5] * n for n in lengths]) == expected
+    assert punish.__name__ == "soft_overlong_punishment_reward"  # TRL's, so the logged metric has TRL's name
+    hard = get_soft_overlong_punishment(max_completion_len=20, soft_punish_cache=0)  # L_cache = 0: a step at L_max
+    assert hard(completion_ids=[[5] * 20, [5] * 21]) == [0.0, -1.0]
+    # through the trainer's own call, with TRL's keyword arguments
+    _, rewards = compute_rewards([punish], ["p"] * 2, ["a", "b"], [[1] * 16, [1] * 18], {})
+    assert rewards.tolist() == [0.0, -0.5]
+    for bad in ((0, 0), (20, -1), (20, 21)):
+        with pytest.raises(ValueError, match="0 <= soft_punish_cache <= max_completion_len"):
+            get_soft_overlong_punishment(*bad)
+
+
+@pytest.mark.parametrize(("max_len", "cache"), [(20, 4), (64, 16), (7, 7), (10, 0), (1, 1)])
+def test_soft_overlong_punishment_matches_trl(max_len, cache):
+    from trl.rewards import get_soft_overlong_punishment as trl_punishment
+
+    from minigrpo.rewards import get_soft_overlong_punishment
+
+    ids = [[3] * n for n in range(0, 2 * max_len + 2)]
+    ours = get_soft_overlong_punishment(max_len, cache)(completion_ids=ids)
+    theirs = trl_punishment(max_len, cache)(completion_ids=ids)
+    assert ours == pytest.approx(theirs, abs=1e-12)

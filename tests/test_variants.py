@@ -34,6 +34,7 @@ def test_variant_configs_change_only_their_fields():
     assert variant_config("GSPO", base).importance_sampling_level == "sequence"
     assert variant_config("RLOO", base).baseline == "rloo"
     assert [name for name, v in VARIANTS.items() if v.dynamic_sampling] == ["DAPO"]
+    assert dapo.dynamic_sampling and dapo.max_num_gen_batches == 10
     with pytest.raises(ValueError, match="unknown variant"):
         variant_config("PPO", base)
 
@@ -111,22 +112,30 @@ def test_select_completions_keeps_the_chosen_rows_in_order():
         select_completions(_rollout(), torch.tensor([0, 1, 0, 1]))
 
 
-def test_dynamic_sampling_trainer_needs_one_micro_batch(tiny, train_dataset, small_config):
+def test_dynamic_sampling_trainer_needs_equal_micro_batches(tiny, train_dataset, small_config):
     model, tokenizer = tiny
-    with pytest.raises(ValueError, match="per_device_train_batch_size = N = 16"):
+    with pytest.raises(ValueError, match="divisor of num_generations=4, or to N = 16"):
         DynamicSamplingGRPOTrainer(
             model, [correctness_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
         )
 
 
 def test_dynamic_sampling_trainer_skips_steps_without_signal(tiny, train_dataset, small_config):
-    """A constant reward: every group is dropped, nothing is learned, no NaN."""
+    """A constant reward: every group of every round is dropped, nothing is learned, no NaN."""
     model, tokenizer = tiny
-    config = small_config.replace(per_device_train_batch_size=16, beta=0.0, max_steps=2, save_steps=0)
+    config = small_config.replace(
+        per_device_train_batch_size=16,
+        beta=0.0,
+        max_steps=2,
+        save_steps=0,
+        max_num_gen_batches=2,
+        max_completion_length=8,
+    )
     before = [p.detach().clone() for p in model.parameters()]
     constant = lambda prompts, completions, **kw: [1.0] * len(completions)
     history = DynamicSamplingGRPOTrainer(
         model, [constant], args=config, train_dataset=train_dataset, processing_class=tokenizer
     ).train()
     assert [m["dynamic_sampling/kept_fraction"] for m in history] == [0.0, 0.0]
+    assert [m["dynamic_sampling/rounds"] for m in history] == [config.max_num_gen_batches] * 2
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

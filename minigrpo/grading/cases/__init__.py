@@ -15,11 +15,13 @@
 | 11 | completion_mask | check_completion_mask |
 | 12 | off_policy | check_importance_ratio, check_clip_fractions |
 | 13 | kl_gradient | check_kl_loss_gradient, check_kl_directions |
+| 14 | dynamic_sampling | check_keep_informative_groups, check_fill_batch |
 """
 
 from minigrpo.grading.cases.advantages import check_group_relative_advantages, check_rloo_advantages
 from minigrpo.grading.cases.aggregation import check_aggregate_loss
 from minigrpo.grading.cases.completion_mask import check_completion_mask
+from minigrpo.grading.cases.dynamic_sampling import check_fill_batch, check_keep_informative_groups
 from minigrpo.grading.cases.failure_modes import check_failure_modes
 from minigrpo.grading.cases.gae import check_compute_gae
 from minigrpo.grading.cases.grpo_step import check_grpo_step
@@ -45,11 +47,13 @@ __all__ = [
     "check_compute_gae",
     "check_extract_answer",
     "check_failure_modes",
+    "check_fill_batch",
     "check_graded_reward",
     "check_group_relative_advantages",
     "check_grpo_step",
     "check_importance_ratio",
     "check_kl_directions",
+    "check_keep_informative_groups",
     "check_kl_k3",
     "check_kl_loss_gradient",
     "check_masked_mean",

@@ -1,0 +1,129 @@
+"""DAPO's dynamic sampling: over-sample, keep the groups that carry signal, refill the batch.
+
+A group whose G rewards are all equal has advantages exactly 0 (advantages.py):
+it costs a rollout and teaches nothing. DAPO (Yu et al., 2025, arXiv 2503.14476,
+section 3.2 and Algorithm 1) therefore keeps sampling until the batch holds B
+groups whose rewards are *not* all equal:
+
+    kept = []
+    for round in 1 .. max_num_gen_batches:
+        sample the next B prompts' groups, score them
+        kept += the groups whose rewards are not all equal
+        if len(kept) >= B: break
+    train on kept[:B]            (on all of kept when the rounds ran out first)
+
+``GRPOConfig(dynamic_sampling=True, max_num_gen_batches=...)`` turns this on in
+GRPOTrainer (verl, DAPO's reference implementation, calls it
+``algorithm.filter_groups`` with the same ``max_num_gen_batches``; TRL 1.16 has
+no such option). The pieces, each a small pure function:
+
+- ``informative_groups``: (B, G) rewards -> (B,) bool, the filter.
+- ``fill_batch``: the refill loop above, on any function that generates a round.
+- ``select_completions`` / ``concat_rollouts``: the kept rows of a rollout, and
+  rollouts of several rounds joined into one batch (padded to a common width).
+
+Notation: B prompts (groups) per round, G completions per prompt, N = B * G,
+P prompt tokens, T completion tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from minigrpo.advantages import zero_std_groups
+from minigrpo.rollout import Rollout
+
+
+def informative_groups(grouped_rewards: torch.Tensor) -> torch.Tensor:
+    """(B, G) rewards -> (B,) bool: True for the groups DAPO keeps, those whose rewards are not all equal.
+
+    Equal means exactly equal (max == min), the same test that gives a group
+    advantages of exactly 0. A group with two equal rewards out of G is kept:
+    it still has a non-zero advantage for its other answers.
+    """
+    assert grouped_rewards.dim() == 2, f"grouped_rewards must be (B, G), got {tuple(grouped_rewards.shape)}"
+    return ~zero_std_groups(grouped_rewards)  # (B,)
+
+
+def fill_batch(
+    generate_round: Callable[[], torch.Tensor], num_groups_wanted: int, max_rounds: int
+) -> tuple[list[tuple[int, int]], int]:
+    """DAPO's refill loop: call `generate_round()` until `num_groups_wanted` informative groups are kept.
+
+    generate_round() samples and scores one round of groups and returns their
+    rewards, (B_r, G). Rounds are numbered 0, 1, ...; a kept group is named
+    (round, index of the group in its round), in the order generated.
+
+    Stops as soon as `num_groups_wanted` groups are kept, or after `max_rounds`
+    rounds, whichever comes first (never a round more). Returns
+    (kept, rounds): kept holds at most `num_groups_wanted` groups (the first
+    ones: the extra groups of the last round are dropped, as verl does), fewer
+    when the rounds ran out; rounds is the number of rounds generated.
+    """
+    if num_groups_wanted < 1 or max_rounds < 1:
+        raise ValueError(f"num_groups_wanted={num_groups_wanted}, max_rounds={max_rounds}: both must be >= 1.")
+    kept: list[tuple[int, int]] = []
+    rounds = 0
+    while len(kept) < num_groups_wanted and rounds < max_rounds:
+        keep = informative_groups(generate_round())  # (B_r,)
+        kept += [(rounds, group) for group in keep.nonzero().flatten().tolist()]
+        rounds += 1
+    return kept[:num_groups_wanted], rounds
+
+
+def select_completions(rollout: Rollout, rows: torch.Tensor) -> Rollout:
+    """The rollout restricted to the completions where `rows` (N,) bool is True (n of them, in order)."""
+    assert rows.dtype == torch.bool and rows.shape == rollout.is_truncated.shape, "rows must be (N,) bool"
+    index = rows.nonzero().squeeze(1).to(rollout.prompt_ids.device)  # (n,)
+
+    def pick(tensor):
+        return None if tensor is None else tensor[index]
+
+    return Rollout(
+        prompt_ids=rollout.prompt_ids[index],  # (n, P)
+        prompt_mask=rollout.prompt_mask[index],  # (n, P)
+        completion_ids=rollout.completion_ids[index],  # (n, T)
+        completion_mask=rollout.completion_mask[index],  # (n, T)
+        is_truncated=rollout.is_truncated[index],  # (n,)
+        completions=[rollout.completions[i] for i in index.tolist()],
+        old_per_token_logps=pick(rollout.old_per_token_logps),
+        ref_per_token_logps=pick(rollout.ref_per_token_logps),
+    )
+
+
+def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
+    """Rollouts of several rounds as one, rows in order: prompts left-padded to the widest P, completions
+    right-padded to the widest T (padding is masked out: 0 in the masks and log-probs, pad_token_id in ids)."""
+    assert rollouts, "concat_rollouts needs at least one rollout"
+    P = max(r.prompt_ids.shape[1] for r in rollouts)
+    T = max(r.completion_ids.shape[1] for r in rollouts)
+
+    def join(name: str, width: int, left: bool, value: float):
+        tensors = [getattr(r, name) for r in rollouts]
+        if any(t is None for t in tensors):
+            return None
+        padded = []
+        for t in tensors:
+            missing = width - t.shape[1]
+            padded.append(torch.nn.functional.pad(t, (missing, 0) if left else (0, missing), value=value))
+        return torch.cat(padded)  # (sum n, width)
+
+    return Rollout(
+        prompt_ids=join("prompt_ids", P, left=True, value=pad_token_id),  # (N, P)
+        prompt_mask=join("prompt_mask", P, left=True, value=0),  # (N, P)
+        completion_ids=join("completion_ids", T, left=False, value=pad_token_id),  # (N, T)
+        completion_mask=join("completion_mask", T, left=False, value=0),  # (N, T)
+        is_truncated=torch.cat([r.is_truncated for r in rollouts]),  # (N,)
+        completions=[text for r in rollouts for text in r.completions],
+        old_per_token_logps=join("old_per_token_logps", T, left=False, value=0.0),
+        ref_per_token_logps=join("ref_per_token_logps", T, left=False, value=0.0),
+    )
+
+
+def kept_rows(kept: list[tuple[int, int]], round_index: int, num_groups: int, num_generations: int) -> torch.Tensor:
+    """(B_r * G,) bool: the completions of round `round_index` whose group is in `kept`."""
+    groups = torch.zeros(num_groups, dtype=torch.bool)  # (B_r,)
+    groups[[group for r, group in kept if r == round_index]] = True
+    return groups.repeat_interleave(num_generations)  # (B_r * G,)
