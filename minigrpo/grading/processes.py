@@ -86,7 +86,8 @@ def kill_leftovers(session: int | None, env_name: str, token: str) -> list[int]:
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
             except OSError:
-                pass
+                continue
+            if pid not in killed:  # a killed process can still be listed until it dies (a loaded machine)
+                killed.append(pid)
     return killed
