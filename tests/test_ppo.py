@@ -218,7 +218,9 @@ def test_ppo_and_grpo_share_the_rollout_code(tiny, train_dataset, small_config, 
         processing_class=tokenizer,
     ).train()
     assert [type(c).__name__ for c in calls] == ["GRPOConfig", "PPOConfig"]
-    assert PPOTrainer.collect_rollout is Trainer.collect_rollout is GRPOTrainer.collect_rollout
+    assert PPOTrainer.collect_rollout is Trainer.collect_rollout  # GRPO's own adds only DAPO's refill around it
+    for stage in ("generate_and_score", "rollout_metrics"):
+        assert getattr(PPOTrainer, stage) is getattr(Trainer, stage) is getattr(GRPOTrainer, stage)
     assert PPOTrainer.train is GRPOTrainer.train
 
 
