@@ -414,10 +414,10 @@ class GRPOConfig:
         learning rate 10x higher: a LoRA update B A starts at zero and is scaled by alpha / r, so it wants
         roughly 10-100x the full fine-tuning rate (1e-5 here; TRL's LoRA examples use 1e-5 to 1e-4; not swept).
         Weights are the fp32 base (5.8 GiB) and the adapters (18.5M parameters at r=16, with their gradients
-        and AdamW moments 0.3 GiB); the reference is the base with the adapters off, no copy. Estimated peak
-        9-10 GiB: the weights plus ~3.5 GiB of KV cache, logits chunks and checkpointed activations (qwen_t4's
-        measured 0.5B figures scaled to 1.5B's shapes). Measure it with `python bench/memory.py --model
-        qwen1.5b-shape --preset lora-t4 --lora` (on a bf16 GPU add --fp32 to measure a T4's precision)."""
+        and AdamW moments 0.3 GiB); the reference is the base with the adapters off, no copy. Measured peak of
+        live tensors in one whole step, every completion forced to full length: 8.39 GiB (`python bench/memory.py
+        --model qwen1.5b-shape --preset lora-t4 --lora`, on a CPU; on a bf16 GPU add --fp32 to measure a T4's
+        precision), plus the CUDA context (~0.5-1 GiB) on a GPU: within 12 GiB of a T4's 15."""
         return cls.qwen_t4(**{"learning_rate": 1e-5, **overrides})
 
 
