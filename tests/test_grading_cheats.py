@@ -96,7 +96,7 @@ def kl_k3(logps, ref):
 
 
 def detached_children(pid_file) -> str:
-    """Three children that outlive a plain kernel shutdown: same session, a new session, and a daemon."""
+    """Three children that outlive a plain kernel shutdown: the same SID, a new SID, and a daemon."""
     return f"""
 import os, subprocess, sys
 
@@ -330,7 +330,7 @@ def test_answers_cross_as_plain_data_only():
         float(loaded["o"])
 
 
-def test_kill_leftovers_finds_children_by_session_and_by_token():
+def test_kill_leftovers_finds_children_by_sid_and_by_token():
     token = "test-token-" + str(os.getpid())
     env = {**os.environ, grading.GRADING_RUN_ENV: token}
     sleeper = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"]
@@ -342,7 +342,7 @@ def test_kill_leftovers_finds_children_by_session_and_by_token():
         assert leftovers(unmarked.pid, grading.GRADING_RUN_ENV, "no such token") == [unmarked.pid]
         killed = kill_leftovers(None, grading.GRADING_RUN_ENV, token)
         assert killed == [marked.pid] and marked.wait(timeout=10) == -signal.SIGKILL
-        assert unmarked.poll() is None  # not marked, not in the session asked for
+        assert unmarked.poll() is None  # not marked, not under the SID asked for
     finally:
         for child in (marked, unmarked):
             child.kill()

@@ -1,11 +1,11 @@
 """The grader's process hygiene: find and kill everything a notebook's kernel started.
 
-A kernel leads a POSIX process session (jupyter_client starts it through
-setsid, so its SID is its pid), and the grader marks
-its environment with $MINIGRPO_GRADING_RUN=<token>, which every child inherits.
-After grading, `kill_leftovers` kills every process of that session (the
-kernel's process group and anything else in it) and every process whose
-environment carries the token: a child that left the session with `setsid`, or
+jupyter_client starts a kernel through setsid, so the kernel's pid is the
+SID (the id setsid hands out) of everything it starts, and the grader marks its
+environment with $MINIGRPO_GRADING_RUN=<token>, which every child inherits.
+After grading, `kill_leftovers` kills every process with that SID (the
+kernel's process group and anything else under it) and every process whose
+environment carries the token: a child that took a new SID with `setsid`, or
 was double-forked to detach from its parent, is still found. A process that
 both calls setsid and clears its environment is not (that is deliberate evasion
 of a grader that shares the learner's user account: grade exams in a container).
@@ -23,12 +23,12 @@ PROC = Path("/proc")
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, session id) of a process from /proc/<pid>/stat, or None when it is gone."""
+    """(state, SID) of a process from /proc/<pid>/stat, or None when it is gone."""
     try:
         text = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp sid ...
     return fields[0], int(fields[3])
 
 
@@ -53,8 +53,8 @@ def _carries(pid: int, marker: bytes) -> bool:
         return False
 
 
-def leftovers(session: int | None, env_name: str, token: str) -> list[int]:
-    """Live processes in `session`, or whose environment has env_name=token (never this process)."""
+def leftovers(sid: int | None, env_name: str, token: str) -> list[int]:
+    """Live processes whose SID is `sid`, or whose environment has env_name=token (never this process)."""
     if not PROC.is_dir():
         return []
     marker = f"{env_name}={token}".encode()
@@ -66,21 +66,21 @@ def leftovers(session: int | None, env_name: str, token: str) -> list[int]:
         stat = _stat(pid)
         if stat is None or stat[0] in ("Z", "X"):
             continue
-        if (session is not None and stat[1] == session) or _carries(pid, marker):
+        if (sid is not None and stat[1] == sid) or _carries(pid, marker):
             found.append(pid)
     return found
 
 
-def kill_leftovers(session: int | None, env_name: str, token: str) -> list[int]:
-    """SIGKILL the kernel's session and every process marked with the token; returns the pids it killed."""
-    if session is not None and not PROC.is_dir():
+def kill_leftovers(sid: int | None, env_name: str, token: str) -> list[int]:
+    """SIGKILL every process with SID `sid` and every process marked with the token; returns the pids killed."""
+    if sid is not None and not PROC.is_dir():
         try:
-            os.killpg(session, signal.SIGKILL)
+            os.killpg(sid, signal.SIGKILL)
         except OSError:
             pass
     killed = []
     for _ in range(3):  # a process may fork while we kill: look again
-        pids = leftovers(session, env_name, token)
+        pids = leftovers(sid, env_name, token)
         if not pids:
             break
         for pid in pids:

@@ -4,7 +4,7 @@ How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
 1. Run it: nbclient executes the notebook in a fresh kernel of the current
    Python (`allow_errors=True`, so a cell that raises NotImplementedError does
-   not stop the cells after it), in a session of its own, with
+   not stop the cells after it), under a SID of its own (setsid), with
    $MINIGRPO_GRADING_RUN set to a random token. Its checks only remember the
    function they were given. Nothing the kernel prints or writes is read.
 2. Judge it: a separate process of the package's own code
@@ -21,7 +21,7 @@ How a notebook is graded, and why its score can be trusted
    with points above the check's maximum, or malformed, is rejected: that check
    scores 0 with the reason. A notebook that cannot be read, times out, kills
    its kernel or breaks its judge scores 0 on its own checks only.
-4. Clean up: the kernel's whole session, and every process carrying the token,
+4. Clean up: every process with the kernel's SID, and every process carrying the token,
    is killed (`minigrpo.grading.processes`).
 
 A check that the notebook calls but that did not run (its cell failed first, or
@@ -341,7 +341,7 @@ async def _grade_notebook(path: Path, timeout: float, jobs: int, workdir: Path) 
     started, kernel_pid, records = time.monotonic(), None, []
     try:
         async with client.async_setup_kernel(env=_environment(jobs, **{GRADING_RUN_ENV: token})):
-            kernel_pid = client.km.provisioner.pid  # the leader of the kernel's own session
+            kernel_pid = client.km.provisioner.pid  # the kernel's pid: the SID of everything it starts
             try:
                 for index, cell in enumerate(nb.cells):
                     if cell.cell_type != "code":
