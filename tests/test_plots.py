@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from minigrpo.advantages import group_relative_advantages  # noqa: E402
+from minigrpo.diagnostic_plots import plot_diagnostics  # noqa: E402
 from minigrpo.kl import exact_kl_gradients, expected_kl_loss_gradient  # noqa: E402
 from minigrpo.losses import clipped_surrogate  # noqa: E402
 from minigrpo.plots import (  # noqa: E402
@@ -22,7 +23,6 @@ from minigrpo.plots import (  # noqa: E402
     load_history,
     metric_series,
     plot_clipped_objective,
-    plot_diagnostics,
     plot_group_advantages,
     plot_kl_estimators,
     plot_kl_gradients,
