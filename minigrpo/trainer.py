@@ -31,7 +31,7 @@ from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
     latest_checkpoint,
 )
 from minigrpo.config import GRPOConfig
-from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, kept_rows, select_completions
+from minigrpo.dynamic_sampling import collect_informative_rollout
 from minigrpo.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
@@ -477,46 +477,10 @@ class GRPOTrainer(Trainer):
     supports_dynamic_sampling = True
 
     def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2; with config.dynamic_sampling, DAPO's refill (collect_informative_rollout)."""
+        """Stages 1-2; with config.dynamic_sampling, DAPO's refill (dynamic_sampling.collect_informative_rollout)."""
         if self.config.dynamic_sampling:
-            return self.collect_informative_rollout()
+            return collect_informative_rollout(self)
         return super().collect_rollout()
-
-    def collect_informative_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """DAPO's dynamic sampling: rounds of B prompts until B groups whose rewards are not all equal are kept
-        (minigrpo.dynamic_sampling.fill_batch), at most max_num_gen_batches rounds; fewer groups when they run out.
-
-        The usual metrics (reward, frac_reward_zero_std, completions/...) are over every generated group, so they
-        describe the policy as a run without dynamic sampling would; time/rollout and time/rewards add up the
-        rounds; dynamic_sampling/* say what the refill cost and what was trained on.
-        """
-        config = self.config
-        B, G = config.prompts_per_step, config.num_generations
-        rounds = []  # (rollout, rewards_per_func, rewards, timing) of each round
-
-        def generate_round() -> torch.Tensor:
-            rounds.append(self.generate_and_score(B))
-            return group_rewards(rounds[-1][2], G)  # (B, G)
-
-        kept, num_rounds = fill_batch(generate_round, B, config.max_num_gen_batches)
-        generated = concat_rollouts([r[0] for r in rounds], self.tokenizer.pad_token_id or 0)  # rounds * N rows
-        rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
-        rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
-        rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
-        metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
-        for key in ("time/rollout", "time/rewards"):
-            metrics[key] = sum(r[3][key] for r in rounds)
-        metrics.update(
-            {
-                "dynamic_sampling/rounds": num_rounds,
-                "dynamic_sampling/groups_generated": num_rounds * B,
-                "dynamic_sampling/groups_kept": len(kept),
-                "dynamic_sampling/kept_fraction": len(kept) / (num_rounds * B),
-            }
-        )
-        if kept:
-            metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
-        return select_completions(generated, rows), rewards[rows].to(self.device), metrics
 
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         config = self.config

@@ -114,7 +114,7 @@ def dynamic_sampling_mask(grouped_rewards: torch.Tensor) -> torch.Tensor:
 
 class DynamicSamplingGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with DAPO's dynamic sampling switched on: the same as GRPOTrainer with
-    ``args.replace(dynamic_sampling=True)`` (see GRPOTrainer.collect_informative_rollout)."""
+    ``args.replace(dynamic_sampling=True)`` (see dynamic_sampling.collect_informative_rollout)."""
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *more, **kwargs):
         args = (args if args is not None else self.config_class()).replace(dynamic_sampling=True)
