@@ -71,17 +71,20 @@ def _mistakes(estimator: str, logits: torch.Tensor, ref_logits: torch.Tensor, wa
 
 @cases("check_kl_loss_gradient", references=[expected_kl_loss_gradient, per_sample_kl_losses, exact_kl_gradients])
 def _kl_loss_gradient_cases() -> list[Case]:
+    def expect_gradient(learner, estimator, logits, ref_logits, want, where: str, hint: str = ""):
+        expect_close(
+            learner(estimator, logits.clone(), ref_logits.clone()),
+            want,
+            atol=1e-6,
+            what=f"E[grad {estimator}] for {where}",
+            hint=f"{HINTS[estimator]} {SCORE}{hint}",
+            mistakes=_mistakes(estimator, logits, ref_logits, want),
+        )
+
     def hand(estimator: str):
         def run(learner):
-            want = BY_HAND[estimator]
-            expect_close(
-                learner(estimator, HALVES.clone(), QUARTERS.clone()),
-                want,
-                atol=1e-6,
-                what=f"E[grad {estimator}] for pi_theta = (1/2, 1/2), pi_ref = (1/4, 3/4)",
-                hint=f"{HINTS[estimator]} {SCORE}",
-                mistakes=_mistakes(estimator, HALVES, QUARTERS, want),
-            )
+            where = "pi_theta = (1/2, 1/2), pi_ref = (1/4, 3/4)"
+            expect_gradient(learner, estimator, HALVES, QUARTERS, BY_HAND[estimator], where)
 
         return run
 
@@ -91,14 +94,8 @@ def _kl_loss_gradient_cases() -> list[Case]:
         ref_logits = torch.randn(6, generator=g, dtype=torch.float64) * 1.5
         for estimator in KL_LOSSES:
             want = expected_kl_loss_gradient(estimator, logits, ref_logits)
-            expect_close(
-                learner(estimator, logits.clone(), ref_logits.clone()),
-                want,
-                atol=1e-6,
-                what=f"E[grad {estimator}] for random logits (V = 6)",
-                hint=f"{HINTS[estimator]} {SCORE} The logits need not be normalised: take log_softmax first.",
-                mistakes=_mistakes(estimator, logits, ref_logits, want),
-            )
+            hint = " The logits need not be normalised: take log_softmax first."
+            expect_gradient(learner, estimator, logits, ref_logits, want, "random logits (V = 6)", hint)
 
     values = {"k1": "0, 0", "k2": "+0.274653, -0.274653", "k3": "+0.25, -0.25", "rho_k3": "+0.274653, -0.274653"}
     return [Case(f"hand-made {name}: ({values[name]})", 1, hand(name)) for name in KL_LOSSES] + [
