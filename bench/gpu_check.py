@@ -49,7 +49,7 @@ PLAN = {
 # --- building blocks ---------------------------------------------------------------------------------
 def qwen_shape(tokenizer, device) -> Qwen2ForCausalLM:
     """Qwen2.5-0.5B-Instruct's architecture, random weights, fp32, with Qwen's EOS and padding."""
-    from minigrpo.measure import qwen_shape_config
+    from minigrpo.measuring.measure import qwen_shape_config
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = qwen_shape_config(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
@@ -128,11 +128,11 @@ def step_figures(times: list[float], tokens_per_second: list[float]) -> dict:
 
 
 def trl_steps(tokenizer, config, steps: int, output_dir: str) -> dict:
-    """The same steps with TRL's GRPOTrainer (config mapped by minigrpo.crosscheck.trl_config)."""
+    """The same steps with TRL's GRPOTrainer (config mapped by minigrpo.measuring.crosscheck.trl_config)."""
     import trl
     from transformers import TrainerCallback
 
-    from minigrpo.crosscheck import trl_config
+    from minigrpo.measuring.crosscheck import trl_config
     from minigrpo.tasks.arithmetic import correctness_reward
 
     free_memory()
@@ -243,8 +243,8 @@ def dry_run() -> int:
     import trl  # noqa: F401
 
     from minigrpo.config import GRPOConfig
-    from minigrpo.crosscheck import trl_config  # noqa: F401
-    from minigrpo.measure import qwen_shape_config  # noqa: F401
+    from minigrpo.measuring.crosscheck import trl_config  # noqa: F401
+    from minigrpo.measuring.measure import qwen_shape_config  # noqa: F401
     from minigrpo.ppo import PPOConfig, PPOTrainer  # noqa: F401
     from minigrpo.tokenization import qwen_bpe_ranks
 

@@ -26,7 +26,7 @@ step: every micro-batch has the same size and gradients accumulate in place, so 
 reached within its first micro-batch (or at the optimizer step, which is measured); the others only
 repeat it. This keeps a 0.5B step within minutes on a CPU. Pass --update-micro-batches 0 for all.
 
-How bytes are counted: live tensor storages (minigrpo.memory.TensorMemoryTracker), on the CPU and the
+How bytes are counted: live tensor storages (minigrpo.measuring.memory.TensorMemoryTracker), on the CPU and the
 GPU alike; on CUDA torch.cuda.max_memory_allocated is printed beside it. On the CPU AdamW is switched
 to its foreach implementation, the CUDA default, whose temporaries (a parameter-sized sqrt of the
 second moment) count at the optimizer step as they would on a GPU. Not counted: the CUDA context and
@@ -49,7 +49,7 @@ from transformers import GenerationConfig, Qwen2ForCausalLM
 
 from minigrpo import models
 from minigrpo.config import GRPOConfig
-from minigrpo.memory import (
+from minigrpo.measuring.memory import (
     TensorMemoryTracker,
     format_bytes,
     gradients,
@@ -62,7 +62,7 @@ from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format
 from minigrpo.tokenization import qwen25_tokenizer
 
 try:
-    from minigrpo.measure import QWEN_SHAPE, qwen_shape_config
+    from minigrpo.measuring.measure import QWEN_SHAPE, qwen_shape_config
 except ImportError:  # older layout
     from minigrpo.ppo import QWEN_SHAPE, qwen_shape_config
 

@@ -7,10 +7,10 @@ Runs on any CPU (the tiny Qwen) or any CUDA machine, from a checkout of the repo
     python bench/ppo_vs_grpo.py --quick            # 2 seeds, 2 steps: the plumbing in about a minute (lesson 05)
     python bench/ppo_vs_grpo.py --model qwen0.5b-shape --learning-rates 1e-6 --steps 10   # Qwen's shape (GPU)
 
-Protocol (minigrpo.measure.compare_with_seeds):
+Protocol (minigrpo.measuring.measure.compare_with_seeds):
 1. Tuning. For each algorithm, each learning rate of the same grid (--learning-rates) is trained with the tuning
    seed(s) and scored by greedy accuracy on --validation-size problems held back from the *training* problems
-   (minigrpo.measure.training_problems: no copy of them is trained on). The test set is never looked at.
+   (minigrpo.measuring.measure.training_problems: no copy of them is trained on). The test set is never looked at.
 2. Seeds. Each algorithm at its chosen learning rate, once per seed (--seeds, distinct from the tuning seeds), each
    run in a fresh Python process so that one's freed memory cannot hide another's peak.
 3. Both algorithms see the same prompts in the same order for a given seed, generate the same N = B x G completions
@@ -18,7 +18,7 @@ Protocol (minigrpo.measure.compare_with_seeds):
    at equal sampled completions (the end of every run) and at equal wall-clock (the faster algorithm's longest run,
    tau: every run is read at its last evaluation before tau).
 
-Reported, as mean +- 95% t-interval over seeds (minigrpo.intervals): held-out test accuracy (at equal completions
+Reported, as mean +- 95% t-interval over seeds (minigrpo.measuring.intervals): held-out test accuracy (at equal completions
 and at equal time), peak memory (GPU: max_memory_allocated; CPU: peak RSS above the RSS before the model was
 loaded), seconds per step (rollout / scoring / update), parameters (trainable, frozen), and for PPO the critic's
 explained variance (mean of its last 5 steps, measured on each fresh rollout before the update).
@@ -36,7 +36,7 @@ import json
 import time
 from pathlib import Path
 
-from minigrpo.study import STUDY_SETTINGS, compare_with_seeds, format_study_table, study_headline
+from minigrpo.measuring.study import STUDY_SETTINGS, compare_with_seeds, format_study_table, study_headline
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
-    from minigrpo.plots import plot_curves_with_bands
+    from minigrpo.course.plots import plot_curves_with_bands
 
     plot_curves_with_bands(study).savefig(out / "ppo_vs_grpo_seeds.png", dpi=120, bbox_inches="tight")
     print(format_study_table(study))

@@ -42,7 +42,7 @@ trainers in one process, hence the separate processes; both workers import the s
 the same and the difference is what the trainers allocate. The table also shows the RSS just before
 the first step.
 
-The cross-check (`minigrpo.crosscheck.crosscheck`, run first unless --skip-crosscheck): one fixed
+The cross-check (`minigrpo.measuring.crosscheck.crosscheck`, run first unless --skip-crosscheck): one fixed
 rollout batch goes through TRL's own code and through minigrpo's stage functions, and the advantages,
 the loss of each loss_type and its gradients must agree (fp32, on the CPU).
 
@@ -79,8 +79,8 @@ import torch  # noqa: E402
 from transformers import GenerationConfig, Qwen2ForCausalLM  # noqa: E402
 
 from minigrpo.config import GRPOConfig  # noqa: E402
-from minigrpo.crosscheck import crosscheck, load_fp32, prompts_dataset, trl_config  # noqa: E402
-from minigrpo.measure import QWEN_SHAPE, peak_memory_mib, qwen_shape_config, rss_bytes  # noqa: E402
+from minigrpo.measuring.crosscheck import crosscheck, load_fp32, prompts_dataset, trl_config  # noqa: E402
+from minigrpo.measuring.measure import QWEN_SHAPE, peak_memory_mib, qwen_shape_config, rss_bytes  # noqa: E402
 from minigrpo.models import TINY_MODEL_DIR  # noqa: E402
 from minigrpo.tokenization import qwen25_tokenizer  # noqa: E402
 

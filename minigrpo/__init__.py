@@ -8,7 +8,6 @@ T completion tokens, P prompt tokens, V vocabulary size.
 
 from minigrpo.advantages import group_baseline, group_relative_advantages, group_rewards, reward_scale, zero_std_groups
 from minigrpo.config import GRPOConfig
-from minigrpo.evaluation import evaluate_model, greedy_completions
 from minigrpo.logprobs import masked_mean, masked_sum, per_token_logps, selective_log_softmax
 from minigrpo.losses import aggregate_loss, clipped_surrogate, grpo_loss, importance_ratio, kl_penalty, reinforce_loss
 from minigrpo.models import (
@@ -21,6 +20,7 @@ from minigrpo.models import (
 )
 from minigrpo.rewards import RewardFunctionError, compute_rewards
 from minigrpo.rollout import Rollout, completion_mask_from_eos, repeat_for_group, sample_group_rollout
+from minigrpo.run.evaluation import evaluate_model, greedy_completions
 from minigrpo.tasks.arithmetic import (
     correctness_reward,
     extract_answer,

@@ -24,10 +24,10 @@ import types
 import typing
 from pathlib import Path
 
-from minigrpo.checkpoints import CheckpointError
 from minigrpo.config import GRPOConfig
-from minigrpo.distributed import RankFailedError
 from minigrpo.rewards import RewardFunctionError
+from minigrpo.run.checkpoints import CheckpointError
+from minigrpo.run.distributed import RankFailedError
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
 EXIT_USAGE = 2  # the exit status of a command-line mistake, as argparse uses
@@ -169,9 +169,9 @@ def make_config(model_name: str, overrides: dict) -> GRPOConfig:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from minigrpo import distributed
-    from minigrpo.evaluation import evaluate_model
     from minigrpo.models import default_model_name
+    from minigrpo.run import distributed
+    from minigrpo.run.evaluation import evaluate_model
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer
 
@@ -208,7 +208,7 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> None:
-    from minigrpo.evaluation import evaluate_model
+    from minigrpo.run.evaluation import evaluate_model
     from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 
     model_name = check_model_name(args.model)
@@ -221,8 +221,8 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def run_pretrain(args: argparse.Namespace) -> None:
+    from minigrpo.course.pretrain import pretrain_tiny
     from minigrpo.models import TINY_MODEL_DIR
-    from minigrpo.pretrain import pretrain_tiny
 
     output_dir = args.output_dir or TINY_MODEL_DIR
     check_output_dir(str(output_dir))

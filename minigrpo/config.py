@@ -30,8 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from minigrpo.batching import BATCH_FIELDS, resolve_batch_sizes, world_size
-from minigrpo.trl_compat import refuse_unknown_fields
+from minigrpo.trl_compat import BATCH_FIELDS, check_trl_switches, refuse_unknown_fields, resolve_batch_sizes, world_size
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 LR_SCHEDULERS = ("constant", "linear")
@@ -419,30 +418,6 @@ class GRPOConfig:
         --model qwen1.5b-shape --preset lora-t4 --lora`, on a CPU; on a bf16 GPU add --fp32 to measure a T4's
         precision), plus the CUDA context (~0.5-1 GiB) on a GPU: within 12 GiB of a T4's 15."""
         return cls.qwen_t4(**{"learning_rate": 1e-5, **overrides})
-
-
-def check_trl_switches(config: GRPOConfig) -> None:
-    """TRL fields minigrpo accepts only at the value it implements: one clear error for the others."""
-    if config.use_vllm:
-        raise ValueError(
-            "use_vllm=True: minigrpo generates with model.generate. For vLLM generation use TRL's GRPOTrainer "
-            "(the same reward functions and dataset work there; lesson 08)."
-        )
-    if config.fp16:
-        raise ValueError(
-            "fp16=True: fp16 activations of Qwen2 overflow. minigrpo uses bf16 autocast where the GPU has native "
-            "bf16 and fp32 elsewhere (T4, V100, CPU): drop fp16."
-        )
-    if config.remove_unused_columns:
-        raise ValueError(
-            "remove_unused_columns=True: GRPO's reward functions receive the dataset's other columns (e.g. "
-            "`answer`), so minigrpo keeps them, as TRL's GRPO does by default. Set it to False."
-        )
-    if config.report_to not in ("none", None, []):
-        raise ValueError(
-            f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
-            "trainer.state.log_history only. Set report_to='none' (plot with minigrpo.plots.plot_training_curves)."
-        )
 
 
 def _check_dynamic_sampling(config: GRPOConfig) -> None:

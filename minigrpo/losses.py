@@ -64,7 +64,7 @@ def kl_penalty(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor,
     """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta. (N, T) -> (N, T).
 
     With log_r = log pi_ref - log pi_theta (Schulman, "Approximating KL Divergence", 2020), the
-    value (E over x ~ pi_theta) and, used as a loss, the expected gradient (minigrpo.kl):
+    value (E over x ~ pi_theta) and, used as a loss, the expected gradient (minigrpo.course.kl_gradients):
       k1 = -log_r                  value unbiased, can be negative, high variance; gradient 0
       k2 = log_r^2 / 2             value biased, always >= 0; gradient of KL(pi_theta || pi_ref)
       k3 = exp(log_r) - log_r - 1  value unbiased, always >= 0, low variance near pi_ref

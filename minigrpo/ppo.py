@@ -65,7 +65,7 @@ from minigrpo.ppo_math import (  # noqa: F401 (the math is re-exported: lessons 
     prompt_share_of_variance,
 )
 from minigrpo.rollout import Rollout
-from minigrpo.schedule import micro_batches
+from minigrpo.run.schedule import micro_batches
 from minigrpo.trainer import Trainer
 from minigrpo.trl_compat import refuse_unknown_fields
 

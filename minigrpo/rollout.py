@@ -170,7 +170,7 @@ class GroupSeededSampling(LogitsProcessor):
 
     The completions of group b then depend on its seed alone, not on which
     other groups share the batch: data-parallel ranks holding different groups
-    sample exactly what one process holding them all would (minigrpo.distributed
+    sample exactly what one process holding them all would (minigrpo.run.distributed
     derives the seeds from the step and the group's index). Temperature and
     top-p are applied here, then the drawn token gets score 0 and every other
     -inf, so greedy decoding picks it.

@@ -5,7 +5,7 @@
 ``Trainer`` holds everything GRPO and PPO share: the loop, prompt sampling,
 rollout and reward scoring, evaluation, metrics, the loss mask, the update in
 micro-batches with gradient accumulation, and checkpoints (written and read by
-``minigrpo.checkpoints``). ``GRPOTrainer`` adds stages 3 and 4: the GRPO step.
+``minigrpo.run.checkpoints``). ``GRPOTrainer`` adds stages 3 and 4: the GRPO step.
 ``minigrpo.ppo.PPOTrainer`` adds its critic on the same base.
 """
 
@@ -21,21 +21,11 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from minigrpo import checkpoints, distributed
 from minigrpo.advantages import group_relative_advantages, group_rewards
-from minigrpo.checkpoints import (  # noqa: F401 (re-exported)
-    HISTORY_FILE,
-    METRICS_FILE,
-    STATE_FILE,
-    CheckpointError,
-    latest_checkpoint,
-)
 from minigrpo.config import GRPOConfig
 from minigrpo.dynamic_sampling import collect_informative_rollout
-from minigrpo.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
-from minigrpo.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.models import (
     add_adapters,
     check_bf16_request,
@@ -46,7 +36,6 @@ from minigrpo.models import (
     resolve_model_and_tokenizer,
     set_gradient_checkpointing,
 )
-from minigrpo.resume import CheckpointMixin
 from minigrpo.rewards import compute_rewards
 from minigrpo.rollout import (
     Rollout,
@@ -54,7 +43,37 @@ from minigrpo.rollout import (
     repeat_for_group,
     sample_group_rollout,
 )
-from minigrpo.schedule import PromptSampler, TrainerState, micro_batches, resolve_max_steps
+from minigrpo.run import checkpoints, distributed
+from minigrpo.run.checkpoints import (  # noqa: F401 (re-exported)
+    HISTORY_FILE,
+    METRICS_FILE,
+    STATE_FILE,
+    CheckpointError,
+    latest_checkpoint,
+)
+from minigrpo.run.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
+from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
+from minigrpo.run.resume import CheckpointMixin
+from minigrpo.run.schedule import PromptSampler, micro_batches, resolve_max_steps
+
+
+class TrainerState:
+    """TRL's ``trainer.state``, read-only: global_step, max_steps, log_history (one dict per logged step)."""
+
+    def __init__(self, trainer: Trainer):
+        self._trainer = trainer
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.step
+
+    @property
+    def max_steps(self) -> int:
+        return self._trainer.max_steps
+
+    @property
+    def log_history(self) -> list[dict]:
+        return self._trainer.history
 
 
 class NonFiniteError(FloatingPointError):
@@ -470,7 +489,7 @@ class GRPOTrainer(Trainer):
         # or, as in TRL: GRPOTrainer(model="tiny", reward_funcs=..., args=..., train_dataset=...)
         history = trainer.train()
 
-    Under ``torchrun --nproc-per-node K`` the same code trains data-parallel (minigrpo.distributed).
+    Under ``torchrun --nproc-per-node K`` the same code trains data-parallel (minigrpo.run.distributed).
     """
 
     supports_distributed = True

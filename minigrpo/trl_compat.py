@@ -1,15 +1,26 @@
-"""TRL's config fields that minigrpo does not have: one clear error each, instead of a bare TypeError.
+"""TRL's rules that GRPOConfig follows: the batch fields, and the fields minigrpo refuses.
 
 A TRL script runs on minigrpo with only its import line changed when it sets
 fields minigrpo implements (``GRPOConfig`` has TRL's names and meanings for
-them). Any other keyword fails at once with a message that names the field
-and says what minigrpo does instead; the README lists them all.
+them). Three kinds of TRL field need a rule, and each rule lives here:
+
+- the batch fields (``resolve_batch_sizes``): generation_batch_size,
+  steps_per_generation, gradient_accumulation_steps and prompts_per_step are
+  derived from whichever of them a config gives, as TRL derives them;
+- switches minigrpo accepts only at the value it implements (use_vllm, fp16,
+  remove_unused_columns, report_to: ``check_trl_switches``), kept as fields so
+  that ``HfArgumentParser`` reads a TRL recipe that passes them;
+- any other TRL keyword (``refuse_unknown_fields``): one clear error that
+  names the field and says what minigrpo does instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+
+import torch.distributed as dist
 
 # What minigrpo does instead, for the fields a TRL GRPO script most often sets.
 INSTEAD = {
@@ -65,3 +76,108 @@ def refuse_unknown_fields(cls):
 
     cls.__init__ = __init__
     return cls
+
+
+def check_trl_switches(config) -> None:
+    """TRL fields minigrpo accepts only at the value it implements: one clear error for the others."""
+    if config.use_vllm:
+        raise ValueError(
+            "use_vllm=True: minigrpo generates with model.generate. For vLLM generation use TRL's GRPOTrainer "
+            "(the same reward functions and dataset work there; lesson 08)."
+        )
+    if config.fp16:
+        raise ValueError(
+            "fp16=True: fp16 activations of Qwen2 overflow. minigrpo uses bf16 autocast where the GPU has native "
+            "bf16 and fp32 elsewhere (T4, V100, CPU): drop fp16."
+        )
+    if config.remove_unused_columns:
+        raise ValueError(
+            "remove_unused_columns=True: GRPO's reward functions receive the dataset's other columns (e.g. "
+            "`answer`), so minigrpo keeps them, as TRL's GRPO does by default. Set it to False."
+        )
+    if config.report_to not in ("none", None, []):
+        raise ValueError(
+            f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
+            "trainer.state.log_history only. Set report_to='none' (plot with minigrpo.course.plots.plot_training_curves)."
+        )
+
+
+# --- the batch fields ----------------------------------------------------------------
+BATCH_FIELDS = ("prompts_per_step", "generation_batch_size", "steps_per_generation", "gradient_accumulation_steps")
+
+
+def world_size() -> int:
+    """K, the processes in the run: the process group's size once torch.distributed is set up, torchrun's
+    WORLD_SIZE before that (a config is built before the group exists), else 1. The one source of truth:
+    minigrpo.run.distributed uses it too. per_device_train_batch_size is per process."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_batch_sizes(config, processes: int = 1) -> None:
+    """Fill in generation_batch_size, steps_per_generation, gradient_accumulation_steps and prompts_per_step.
+
+    TRL's rule (GRPOConfig.__post_init__), with mb = per_device_train_batch_size and K processes:
+
+        generation_batch_size = mb * K * steps_per_generation      (completions per generation)
+        steps_per_generation  = gradient_accumulation_steps       when neither is given
+        prompts_per_step (B)  = generation_batch_size / G
+
+    minigrpo's prompts_per_step is the same quantity seen from the prompts: giving it sets
+    generation_batch_size = B * G and, unless gradient_accumulation_steps is given, makes each generation one
+    optimizer step over all of its N = B * G completions (DeepSeekMath's on-policy update).
+    """
+    c, G, mb = config, config.num_generations, config.per_device_train_batch_size
+    if mb < 1:
+        raise ValueError(f"per_device_train_batch_size={mb}: it must be 1 or more.")
+    for name in BATCH_FIELDS:
+        if getattr(c, name) is not None and getattr(c, name) < 1:
+            raise ValueError(f"{name}={getattr(c, name)}: it must be 1 or more (or None to derive it).")
+    if c.prompts_per_step is not None:
+        if c.generation_batch_size is not None and c.generation_batch_size != c.prompts_per_step * G:
+            raise ValueError(
+                f"prompts_per_step={c.prompts_per_step} x G={G} = {c.prompts_per_step * G} completions disagrees "
+                f"with generation_batch_size={c.generation_batch_size}: give one of the two."
+            )
+        c.generation_batch_size = c.prompts_per_step * G
+    if c.steps_per_generation is not None and c.generation_batch_size is not None:
+        if c.generation_batch_size != mb * processes * c.steps_per_generation:
+            raise ValueError(
+                f"generation_batch_size={c.generation_batch_size} and steps_per_generation={c.steps_per_generation} "
+                f"disagree (micro-batches of {mb} x {processes} process(es)): give one of the two."
+            )
+    elif c.generation_batch_size is not None:
+        if c.prompts_per_step is not None and c.generation_batch_size % processes == 0:
+            # minigrpo's spelling: a micro-batch larger than a process's share of the generation is that share
+            # (the tiny preset's 128 on one process is 64 on each of two)
+            mb = min(mb, c.generation_batch_size // processes)
+        if c.generation_batch_size % (mb * processes) != 0:
+            n = c.generation_batch_size // processes
+            divisors = ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+            raise ValueError(
+                f"a generation of {c.generation_batch_size // G} prompts x G={G} = {c.generation_batch_size} "
+                f"completions is not divisible into micro-batches of per_device_train_batch_size={mb} on "
+                f"{processes} process(es): choose a divisor of {n} ({divisors})."
+            )
+        c.steps_per_generation = c.generation_batch_size // (mb * processes)
+        if c.gradient_accumulation_steps is None and c.prompts_per_step is not None:
+            c.gradient_accumulation_steps = c.steps_per_generation  # one optimizer step per generation
+    else:
+        if c.steps_per_generation is None:
+            c.gradient_accumulation_steps = c.gradient_accumulation_steps or 1
+            c.steps_per_generation = c.gradient_accumulation_steps
+        c.generation_batch_size = mb * processes * c.steps_per_generation
+    c.gradient_accumulation_steps = c.gradient_accumulation_steps or 1
+    if c.generation_batch_size % G != 0:
+        raise ValueError(
+            f"generation_batch_size={c.generation_batch_size} is not a whole number of groups of "
+            f"num_generations={G}: make it a multiple of {G} (per_device_train_batch_size x processes x "
+            "steps_per_generation), or give prompts_per_step instead."
+        )
+    if c.steps_per_generation % c.gradient_accumulation_steps != 0:
+        raise ValueError(
+            f"steps_per_generation={c.steps_per_generation} is not a multiple of gradient_accumulation_steps="
+            f"{c.gradient_accumulation_steps}: each generation must feed whole optimizer steps."
+        )
+    c.prompts_per_step = c.generation_batch_size // G

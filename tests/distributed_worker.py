@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from minigrpo import GRPOConfig, GRPOTrainer, distributed, load_model_and_tokenizer, make_arithmetic_dataset
+from minigrpo import GRPOConfig, GRPOTrainer, load_model_and_tokenizer, make_arithmetic_dataset
+from minigrpo.run import distributed
 from minigrpo.tasks.arithmetic import correctness_reward
 
 

@@ -13,8 +13,9 @@ import time
 import pytest
 import torch
 
-from minigrpo import checkpoints
-from minigrpo.checkpoints import (
+from minigrpo.config import GRPOConfig
+from minigrpo.run import checkpoints
+from minigrpo.run.checkpoints import (
     ARGS_FILE,
     HISTORY_FILE,
     STATE_FILE,
@@ -33,7 +34,6 @@ from minigrpo.checkpoints import (
     save_checkpoint,
     set_rng_state,
 )
-from minigrpo.config import GRPOConfig
 
 
 class Tokenizer:
@@ -299,7 +299,7 @@ def test_the_output_folder_is_locked_against_a_second_trainer(tmp_path):
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from minigrpo.checkpoints import output_dir_lock\n"
+        [sys.executable, "-c", "import sys, time; from minigrpo.run.checkpoints import output_dir_lock\n"
          "with output_dir_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(60)", str(tmp_path)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

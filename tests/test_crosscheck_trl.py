@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 import torch
 
-from minigrpo.crosscheck import crosscheck
 from minigrpo.logprobs import batched_per_token_logps, per_token_logps, shared_prompt_per_token_logps
+from minigrpo.measuring.crosscheck import crosscheck
 from minigrpo.rollout import completion_logps, generate_completions, sample_group_rollout, tokenize_prompts
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigrpo import GRPOConfig, distributed, load_model_and_tokenizer
+from minigrpo import GRPOConfig, load_model_and_tokenizer
 from minigrpo.rollout import generate_completions, repeat_for_group, tokenize_prompts
+from minigrpo.run import distributed
 from minigrpo.tasks.arithmetic import make_arithmetic_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

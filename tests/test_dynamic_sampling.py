@@ -6,7 +6,7 @@ import torch
 from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, informative_groups, kept_rows
 from minigrpo.rollout import Rollout
-from minigrpo.schedule import PromptSampler
+from minigrpo.run.schedule import PromptSampler
 
 # the worked example, all right, all wrong, one lucky success (G = 8)
 FOUR_GROUPS = torch.tensor([[2.0, 1, 0, 2, 0, 1, 0, 1], [2.0] * 8, [0.0] * 8, [1.0] * 7 + [2.0]])

@@ -1,11 +1,11 @@
-"""minigrpo.experiments: the lab bench of lessons 06-07 (summaries, tables, short runs, a reproducible disconnect)."""
+"""minigrpo.course.experiments: the lab bench of lessons 06-07 (summaries, tables, short runs, a reproducible disconnect)."""
 
 import pytest
 import torch
 
 from minigrpo import GRPOTrainer, correctness_reward
-from minigrpo.experiments import completion_table, simulate_disconnect, summarize_run, train_short_run
-from minigrpo.variants import DynamicSamplingGRPOTrainer
+from minigrpo.course.experiments import completion_table, simulate_disconnect, summarize_run, train_short_run
+from minigrpo.course.variants import DynamicSamplingGRPOTrainer
 
 
 def test_simulate_disconnect_raises_on_the_chosen_call_only():

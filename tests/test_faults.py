@@ -20,7 +20,7 @@ import minigrpo.models
 import minigrpo.trainer
 from minigrpo import GRPOTrainer
 from minigrpo.__main__ import main
-from minigrpo.checkpoints import STATE_FILE, CheckpointError, checkpoint_step, latest_checkpoint
+from minigrpo.run.checkpoints import STATE_FILE, CheckpointError, checkpoint_step, latest_checkpoint
 from minigrpo.tasks.arithmetic import correctness_reward
 from minigrpo.trainer import METRICS_FILE, NonFiniteError
 
@@ -241,12 +241,12 @@ def test_a_second_trainer_on_the_same_folder_is_refused(tiny, train_dataset, sma
 def test_a_full_disk_during_a_save_leaves_no_temporary_folder(tiny, train_dataset, small_config, monkeypatch):
     import errno
 
-    import minigrpo.checkpoints
+    import minigrpo.run.checkpoints
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(minigrpo.checkpoints.torch, "save", disk_full)
+    monkeypatch.setattr(minigrpo.run.checkpoints.torch, "save", disk_full)
     with pytest.raises(OSError, match=r"could not write checkpoint-2 in .*: No space left on device; the temporary"):
         make(tiny, train_dataset, small_config.replace(max_steps=2)).train()
     assert not [p.name for p in Path(small_config.output_dir).iterdir() if p.name.startswith(".checkpoint")]

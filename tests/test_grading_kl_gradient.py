@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minigrpo import grading
-from minigrpo.kl import KL_DIRECTIONS, exact_kl_gradients, expected_kl_loss_gradient
+from minigrpo.course.kl_gradients import KL_DIRECTIONS, exact_kl_gradients, expected_kl_loss_gradient
 
 
 def closed_form(estimator, logits, ref_logits, detach_weights=True, centre=True, sign=1.0, ratio_gradient=True):

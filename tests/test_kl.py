@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minigrpo.config import GRPOConfig
-from minigrpo.kl import (
+from minigrpo.course.kl_gradients import (
     KL_DIRECTIONS,
     KL_LOSSES,
     exact_kl_gradients,
@@ -14,8 +14,8 @@ from minigrpo.kl import (
     kl_gradient_comparison,
     per_sample_kl_losses,
 )
+from minigrpo.course.plots import shifted_distributions
 from minigrpo.losses import grpo_loss
-from minigrpo.plots import shifted_distributions
 
 # pi_theta = (1/2, 1/2), pi_ref = (1/4, 3/4): every gradient by hand (softmax: d log pi(x) / d logits = onehot(x) - pi)
 HALVES = torch.log(torch.tensor([0.5, 0.5], dtype=torch.float64))

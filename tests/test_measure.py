@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from minigrpo.intervals import band, mean_interval, t_critical_value, value_at
-from minigrpo.measure import (
+from minigrpo.measuring.intervals import band, mean_interval, t_critical_value, value_at
+from minigrpo.measuring.measure import (
     QWEN_SHAPE,
     format_table,
     qwen_shape_config,
@@ -17,7 +17,7 @@ from minigrpo.measure import (
     summary,
     training_problems,
 )
-from minigrpo.study import compare_with_seeds, format_study_table, study_bands, study_headline, study_summary
+from minigrpo.measuring.study import compare_with_seeds, format_study_table, study_bands, study_headline, study_summary
 from minigrpo.tasks.arithmetic import make_arithmetic_dataset
 
 
@@ -25,7 +25,7 @@ def test_rss_readers_see_a_new_allocation_in_the_peak():
     # In a fresh process: after hundreds of tests, this one's allocator may hand back pages that are already
     # resident, and the peak would not move.
     code = (
-        "from minigrpo.measure import reset_peak_rss, rss_bytes\n"
+        "from minigrpo.measuring.measure import reset_peak_rss, rss_bytes\n"
         "reset_peak_rss(); before = rss_bytes('VmHWM')\n"
         "block = bytearray(64 * 2**20); block[::4096] = b'x' * len(block[::4096])  # 64 MiB, resident\n"
         "print(rss_bytes('VmHWM') - before, rss_bytes('VmRSS'))\n"
@@ -38,9 +38,9 @@ def test_rss_readers_see_a_new_allocation_in_the_peak():
 
 def test_a_fresh_process_returns_the_functions_result_and_reports_its_failure():
     results = {"device": "cpu", "model": "tiny", "algorithms": {"grpo": RESULT, "ppo": {**RESULT, "accuracy": 0.5}}}
-    assert run_in_fresh_process("minigrpo.measure", "summary", {"results": results}) == summary(results)
-    with pytest.raises(RuntimeError, match="minigrpo.measure.summary failed in its process"):
-        run_in_fresh_process("minigrpo.measure", "summary", {"results": {}})
+    assert run_in_fresh_process("minigrpo.measuring.measure", "summary", {"results": results}) == summary(results)
+    with pytest.raises(RuntimeError, match="minigrpo.measuring.measure.summary failed in its process"):
+        run_in_fresh_process("minigrpo.measuring.measure", "summary", {"results": {}})
 
 
 def test_qwen_shape_is_qwen25_05b():
@@ -55,7 +55,7 @@ def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
     arguments = dict(algorithm="ppo", model="tiny", config_overrides=overrides, train_size=32, eval_size=8,
                      output_dir=str(tmp_path))  # fmt: skip
     # in its own process, as the benchmark runs it: in this one, earlier tests' freed memory would hide the peak
-    result = run_in_fresh_process("minigrpo.measure", "run_algorithm", arguments)
+    result = run_in_fresh_process("minigrpo.measuring.measure", "run_algorithm", arguments)
     assert set(result["params"]) == {"policy", "reference", "critic"}
     assert result["params"]["critic"]["trainable"] > result["params"]["policy"]["trainable"]  # + the value head
     assert result["params"]["reference"] == {"trainable": 0, "frozen": result["params"]["policy"]["trainable"]}
@@ -215,7 +215,7 @@ def test_study_bands_feed_the_figure():
     import matplotlib
 
     matplotlib.use("Agg")
-    from minigrpo.plots import plot_curves_with_bands
+    from minigrpo.course.plots import plot_curves_with_bands
 
     bands = study_bands(STUDY_RUNS, 2.5, points=6)
     assert bands["grpo"]["completions"]["x"] == [0, 8, 16]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from minigrpo.memory import TensorMemoryTracker, optimizer_state, peak_breakdown, storage_bytes
+from minigrpo.measuring.memory import TensorMemoryTracker, optimizer_state, peak_breakdown, storage_bytes
 
 MiB = 1024**2
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "memory.py"

@@ -1,4 +1,4 @@
-"""minigrpo.metrics: the zero-std split, advantages/std and distinct completions, on hand-computed groups."""
+"""minigrpo.run.metrics: the zero-std split, advantages/std and distinct completions, on hand-computed groups."""
 
 import math
 
@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from minigrpo.advantages import group_relative_advantages
-from minigrpo.metrics import (
+from minigrpo.rewards import compute_rewards
+from minigrpo.rollout import Rollout
+from minigrpo.run.metrics import (
     advantage_metrics,
     average_metrics,
     completion_metrics,
@@ -14,8 +16,6 @@ from minigrpo.metrics import (
     reward_metrics,
     zero_std_kinds,
 )
-from minigrpo.rewards import compute_rewards
-from minigrpo.rollout import Rollout
 from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, WORKED_EXAMPLE_REWARDS, correctness_reward, format_reward
 
 REWARD_FUNCS = [correctness_reward, format_reward]

@@ -1,4 +1,4 @@
-"""minigrpo.plots: each figure shows the package's numbers (read back from the artists), hand-checked."""
+"""minigrpo.course.plots: each figure shows the package's numbers (read back from the artists), hand-checked."""
 
 import json
 import math
@@ -12,10 +12,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from minigrpo.advantages import group_relative_advantages  # noqa: E402
-from minigrpo.diagnostic_plots import plot_diagnostics  # noqa: E402
-from minigrpo.kl import exact_kl_gradients, expected_kl_loss_gradient  # noqa: E402
-from minigrpo.losses import clipped_surrogate  # noqa: E402
-from minigrpo.plots import (  # noqa: E402
+from minigrpo.course.kl_gradients import exact_kl_gradients, expected_kl_loss_gradient  # noqa: E402
+from minigrpo.course.plots import (  # noqa: E402
     DEFAULT_CURVE_KEYS,
     clipped_objective_curves,
     kl_estimates,
@@ -23,6 +21,7 @@ from minigrpo.plots import (  # noqa: E402
     load_history,
     metric_series,
     plot_clipped_objective,
+    plot_diagnostics,  # noqa: E402
     plot_group_advantages,
     plot_kl_estimators,
     plot_kl_gradients,
@@ -31,6 +30,7 @@ from minigrpo.plots import (  # noqa: E402
     plot_variant_comparison,
     shifted_distributions,
 )
+from minigrpo.losses import clipped_surrogate  # noqa: E402
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS  # noqa: E402
 
 WORKED = list(WORKED_EXAMPLE_REWARDS)

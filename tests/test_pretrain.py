@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from minigrpo.course.pretrain import arithmetic_sft_batch, build_sft_batch, sft_loss
 from minigrpo.models import build_tiny_model, build_tiny_tokenizer
-from minigrpo.pretrain import arithmetic_sft_batch, build_sft_batch, sft_loss
 
 
 class CharTokenizer:

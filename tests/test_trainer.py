@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from minigrpo import GRPOTrainer, RewardFunctionError
-from minigrpo.checkpoints import latest_checkpoint
-from minigrpo.schedule import PromptSampler
+from minigrpo.run.checkpoints import latest_checkpoint
+from minigrpo.run.schedule import PromptSampler
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 
 
@@ -248,7 +248,7 @@ def test_a_fresh_run_refuses_an_earlier_runs_folder_unless_told_to_overwrite(tin
 
 
 def test_evaluation_passes_reward_functions_the_real_completion_ids(tiny, eval_dataset, small_config):
-    from minigrpo.evaluation import evaluate_model
+    from minigrpo.run.evaluation import evaluate_model
 
     model, tokenizer = tiny
     seen = []

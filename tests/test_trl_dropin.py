@@ -89,7 +89,7 @@ def test_prompts_per_step_is_an_alias_that_cannot_disagree():
 
 def test_max_steps_from_epochs_follows_trls_count():
     from minigrpo import GRPOConfig
-    from minigrpo.schedule import resolve_max_steps
+    from minigrpo.run.schedule import resolve_max_steps
 
     config = GRPOConfig(per_device_train_batch_size=2, gradient_accumulation_steps=4, num_generations=4,
                         num_train_epochs=1.5)  # fmt: skip

@@ -1,12 +1,10 @@
-"""minigrpo.variants: the variants as config fields, loss weights off autograd, DAPO's dynamic-sampling filter."""
+"""minigrpo.course.variants: the variants as config fields, loss weights off autograd, DAPO's dynamic-sampling filter."""
 
 import pytest
 import torch
 
 from minigrpo import GRPOConfig, correctness_reward, group_relative_advantages, grpo_loss
-from minigrpo.rollout import Rollout
-from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS
-from minigrpo.variants import (
+from minigrpo.course.variants import (
     VARIANTS,
     DynamicSamplingGRPOTrainer,
     config_diff,
@@ -15,6 +13,8 @@ from minigrpo.variants import (
     select_completions,
     variant_config,
 )
+from minigrpo.rollout import Rollout
+from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS
 
 # four groups of G = 8: the worked example, all correct, all wrong, one lucky success
 FOUR_GROUPS = torch.tensor([list(WORKED_EXAMPLE_REWARDS), [2.0] * 8, [0.0] * 8, [1.0] * 7 + [2.0]])

@@ -1,4 +1,4 @@
-"""minigrpo.widgets: the plain functions behind each explorer (hand values) and the wiring of the controls."""
+"""minigrpo.course.widgets: the plain functions behind each explorer (hand values) and the wiring of the controls."""
 
 import ast
 from pathlib import Path
@@ -10,8 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS  # noqa: E402
-from minigrpo.widgets import (  # noqa: E402
+from minigrpo.course.widgets import (  # noqa: E402
     advantage_table,
     clipping_explorer,
     clipping_table,
@@ -22,6 +21,7 @@ from minigrpo.widgets import (  # noqa: E402
     kl_explorer,
     kl_table,
 )
+from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -148,10 +148,10 @@ def module_level_imports(module) -> set[str]:
 
 def test_importing_minigrpo_does_not_need_ipywidgets():
     import minigrpo
-    import minigrpo.plots
-    import minigrpo.widgets
+    import minigrpo.course.plots
+    import minigrpo.course.widgets
 
-    for module in (minigrpo, minigrpo.plots, minigrpo.widgets):
+    for module in (minigrpo, minigrpo.course.plots, minigrpo.course.widgets):
         imports = module_level_imports(module)
         assert "ipywidgets" not in imports and "IPython" not in imports, module.__name__
-    assert "minigrpo.widgets" not in module_level_imports(minigrpo)
+    assert "minigrpo.course.widgets" not in module_level_imports(minigrpo)

@@ -7,9 +7,9 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.advantages import zero_std_groups
+from minigrpo.course.variants import dynamic_sampling_mask
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, run_check, seeded
-from minigrpo.variants import dynamic_sampling_mask
 
 # the worked example, all right, all wrong, one lucky success (G = 8)
 FOUR_GROUPS = [[2.0, 1, 0, 2, 0, 1, 0, 1], [2.0] * 8, [0.0] * 8, [1.0] * 7 + [2.0]]

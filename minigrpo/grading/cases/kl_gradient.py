@@ -7,8 +7,14 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.course.kl_gradients import (
+    KL_DIRECTIONS,
+    KL_LOSSES,
+    exact_kl_gradients,
+    expected_kl_loss_gradient,
+    per_sample_kl_losses,
+)
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, expect_close, run_check, seeded
-from minigrpo.kl import KL_DIRECTIONS, KL_LOSSES, exact_kl_gradients, expected_kl_loss_gradient, per_sample_kl_losses
 
 # pi_theta = (1/2, 1/2), pi_ref = (1/4, 3/4): lesson 04's hand example
 HALVES = torch.log(torch.tensor([0.5, 0.5], dtype=torch.float64))

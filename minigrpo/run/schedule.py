@@ -1,17 +1,13 @@
 """What the training loop walks through: prompts in a seeded, resumable order, the number of optimizer steps,
-micro-batches, and TRL's read-only ``trainer.state``."""
+and micro-batches."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
 from minigrpo.config import GRPOConfig
-
-if TYPE_CHECKING:  # only for the annotation: the trainer imports this module
-    from minigrpo.trainer import Trainer
 
 
 # --- prompts in a seeded, resumable order -------------------------------------------
@@ -63,25 +59,6 @@ def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int)
             )
         steps = math.ceil(config.num_train_epochs * generations_per_epoch * per_generation)
     return math.ceil(steps / per_generation) * per_generation
-
-
-class TrainerState:
-    """TRL's ``trainer.state``, read-only: global_step, max_steps, log_history (one dict per logged step)."""
-
-    def __init__(self, trainer: Trainer):
-        self._trainer = trainer
-
-    @property
-    def global_step(self) -> int:
-        return self._trainer.step
-
-    @property
-    def max_steps(self) -> int:
-        return self._trainer.max_steps
-
-    @property
-    def log_history(self) -> list[dict]:
-        return self._trainer.history
 
 
 def micro_batches(num_rows: int, size: int) -> list[slice]:

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from minigrpo.config import GRPOConfig
-from minigrpo.evaluation import evaluate_model
 from minigrpo.models import TINY_MODEL_DIR, build_tiny_model, build_tiny_tokenizer, count_parameters
 from minigrpo.rollout import render_prompts
+from minigrpo.run.evaluation import evaluate_model
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 
 

@@ -3,7 +3,7 @@
 The numbers behind each explorer come from plain functions here
 (``advantage_table``, ``clipping_table``, ``kl_table``) that are unit-tested
 and print as plain text; an explorer only wires sliders and toggles to them
-and redraws a figure from ``minigrpo.plots``. ipywidgets is imported only when
+and redraws a figure from ``minigrpo.course.plots``. ipywidgets is imported only when
 an explorer is built, so ``import minigrpo`` (and these functions) never need it.
 
     explorer = group_advantage_explorer()   # last line of a cell: displays itself
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from minigrpo.advantages import group_relative_advantages, reward_scale
-from minigrpo.plots import (
+from minigrpo.course.plots import (
     clipped_objective_curves,
     kl_estimates,
     plot_clipped_objective,

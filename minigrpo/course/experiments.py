@@ -11,10 +11,10 @@ Nothing here is part of GRPO itself:
   a chosen call, to interrupt a run for real and resume it.
 
 The rest of what lessons 06-07 use lives with its concern:
-``minigrpo.variants`` (VARIANTS, variant_config, config_diff, DAPO's
+``minigrpo.course.variants`` (VARIANTS, variant_config, config_diff, DAPO's
 dynamic-sampling filter and DynamicSamplingGRPOTrainer,
 per_token_gradient_weights), ``minigrpo.tasks.reward_hacking`` (rewards that
-can be gamed) and ``minigrpo.plots.plot_variant_comparison`` (the figure).
+can be gamed) and ``minigrpo.course.plots.plot_variant_comparison`` (the figure).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import functools
 from collections.abc import Callable, Sequence
 
 from minigrpo.config import GRPOConfig
+from minigrpo.course.variants import DynamicSamplingGRPOTrainer
 from minigrpo.trainer import GRPOTrainer
-from minigrpo.variants import DynamicSamplingGRPOTrainer
 
 
 # --- short runs ---------------------------------------------------------------------

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from minigrpo import distributed
 from minigrpo.config import GRPOConfig
 from minigrpo.rewards import compute_rewards, reward_func_name
 from minigrpo.rollout import completion_mask_from_eos, eos_token_ids, generate_completions, tokenize_prompts
+from minigrpo.run import distributed
 
 
 # --- evaluation ---------------------------------------------------------------------

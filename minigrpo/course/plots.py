@@ -21,7 +21,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from minigrpo.advantages import group_relative_advantages
-from minigrpo.kl import KL_LOSSES, exact_kl_gradients, expected_kl_loss_gradient, kl_gradient_comparison
+from minigrpo.course.kl_gradients import (
+    KL_LOSSES,
+    exact_kl_gradients,
+    expected_kl_loss_gradient,
+    kl_gradient_comparison,
+)
 from minigrpo.losses import clipped_surrogate, kl_penalty
 
 DEFAULT_CURVE_KEYS = (
@@ -251,7 +256,7 @@ def kl_estimates(probs, ref_probs, num_samples: int = 0, seed: int = 0) -> dict[
     probs, ref_probs: (V,) probabilities. "exact" = sum_v p log(p / q). "<k>_expected"
     is E_{x ~ pi_theta}[k(x)] and "<k>_variance" is Var_{x ~ pi_theta}[k(x)] (one token's
     spread), both computed exactly: k1 and k3 are unbiased estimates of the value ("exact");
-    k2 is not. (As losses their *gradients* differ again: minigrpo.kl.) With num_samples > 0,
+    k2 is not. (As losses their *gradients* differ again: minigrpo.course.kl_gradients.) With num_samples > 0,
     "<k>_mean" / "<k>_std" are the mean and std of the per-token values over that many samples
     from pi_theta.
     """
@@ -334,7 +339,7 @@ def plot_kl_estimators(
 
 
 def plot_kl_gradients(shift: float = 1.0, shifts: Sequence[float] | None = None) -> Figure:
-    """Which KL each estimator follows when it is used as a loss (minigrpo.kl), on shifted_distributions.
+    """Which KL each estimator follows when it is used as a loss (minigrpo.course.kl_gradients), on shifted_distributions.
 
     Left, at one `shift`: each logit's component of the exact gradients of the reverse KL (black) and the
     forward KL (grey dashed), as horizontal bars, and of each loss's expected gradient, as markers.
@@ -454,7 +459,7 @@ def plot_curves_with_bands(study: dict) -> Figure:
     """Several seeds per algorithm: mean (line) and 95% t-interval (band) of the held-out accuracy against
     completions generated and against training seconds, and of the critic's explained variance.
 
-    study: minigrpo.measure.compare_with_seeds's result; reads study["bands"] = {name: {"completions",
+    study: minigrpo.measuring.measure.compare_with_seeds's result; reads study["bands"] = {name: {"completions",
     "seconds", and for PPO "explained_variance"}: {"x", "mean", "low", "high"}}, "equal_time_seconds": tau}.
     The dotted line on the time panel is tau, where the equal-time accuracy is read.
     """
@@ -486,3 +491,85 @@ def plot_curves_with_bands(study: dict) -> Figure:
     fig.suptitle(f"PPO vs GRPO: mean and 95% interval over {seeds} seeds (model {study.get('model', '?')})")
     fig.tight_layout()
     return fig
+
+
+# --- where a run's signal went: the diagnostics figure of lessons 06 and 07 -------------
+def plot_diagnostics(history: Sequence[dict] | str | Path, title: str | None = None) -> Figure:
+    """Where the signal went, per step: three panels that read together. Returns the figure.
+
+    history: trainer.train()'s list of metric dicts, or a path to <output_dir>/metrics.jsonl (PPO's too).
+
+    1. groups with zero reward std, stacked: all wrong (red, no answer to reinforce: too hard) under all
+       correct (green: already solved); the black line is TRL's frac_reward_zero_std, their sum.
+    2. advantages/std, the mean over groups of the advantages' std, beside 1 - frac_reward_zero_std (dashed):
+       with scale_rewards="group" they coincide, every group with a signal scaled to std 1.
+    3. completions/distinct_per_group, how many of the G completions differ; 1 (dotted) is a group that
+       sampled one answer G times.
+
+    A metric the history does not hold (an older run, TRL's logs) leaves its panel with a note.
+    """
+    history = load_history(history)
+    fig, axes = plt.subplots(1, 3, figsize=(13.5, 3.4))
+    _plot_zero_std_split(axes[0], history)
+    _plot_advantage_std(axes[1], history)
+    _plot_distinct_completions(axes[2], history)
+    for ax in axes:
+        step_axis(ax)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _logged(ax, history: list[dict], key: str) -> tuple[list[float], list[float]] | None:
+    """(steps, values) of `key`; None, with a note on `ax`, when the history does not hold it."""
+    steps, values = metric_series(history, key)
+    if steps:
+        return steps, values
+    ax.text(0.5, 0.5, f"{key}\nnot logged", ha="center", va="center", transform=ax.transAxes, color=NEUTRAL)
+    return None
+
+
+def _plot_zero_std_split(ax, history: list[dict]) -> None:
+    ax.set_title("groups with zero reward std", fontsize=10)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_ylabel("fraction of groups")
+    logged = _logged(ax, history, "frac_reward_zero_std")
+    if logged is None:
+        return
+    steps, total = logged
+    wrong_steps, wrong = metric_series(history, "frac_reward_zero_std/all_wrong")
+    correct_steps, correct = metric_series(history, "frac_reward_zero_std/all_correct")
+    if wrong_steps == correct_steps == steps:  # the split was logged at every step (not by TRL or older runs)
+        ax.stackplot(steps, wrong, correct, colors=[NEGATIVE, POSITIVE], alpha=0.6, labels=["all wrong", "all correct"])
+    ax.plot(steps, total, color="black", linewidth=1, label="frac_reward_zero_std")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _plot_advantage_std(ax, history: list[dict]) -> None:
+    ax.set_title("advantages/std (mean over groups)", fontsize=10)
+    logged = _logged(ax, history, "advantages/std")
+    if logged is None:
+        return
+    steps, values = logged
+    ax.plot(steps, values, color="tab:blue", label="advantages/std")
+    steps, zero_std = metric_series(history, "frac_reward_zero_std")
+    if steps:
+        informative = [1.0 - z for z in zero_std]
+        ax.plot(steps, informative, "--", color="black", linewidth=1, label="1 - frac_reward_zero_std")
+    ax.set_ylim(bottom=0.0, top=max([1.1, *(1.1 * v for v in values)]))
+    ax.legend(fontsize=8, loc="best")
+
+
+def _plot_distinct_completions(ax, history: list[dict]) -> None:
+    ax.set_title("completions/distinct_per_group", fontsize=10)
+    logged = _logged(ax, history, "completions/distinct_per_group")
+    if logged is None:
+        return
+    steps, values = logged
+    ax.plot(steps, values, color="tab:purple", label="distinct completions per group")
+    ax.axhline(1.0, color=NEGATIVE, linestyle=":", linewidth=1.5, label="1: the same answer G times")
+    ax.set_ylim(bottom=0.0, top=1.15 * max(values))
+    ax.set_ylabel("distinct, of G")
+    ax.legend(fontsize=8, loc="best")

@@ -1,6 +1,6 @@
 """The PPO-vs-GRPO study of bench/ppo_vs_grpo.py and lesson 05: several seeds, each algorithm's learning rate tuned
 on a validation split of the training problems, accuracy at equal completions and at equal wall-clock, t-intervals
-(minigrpo.intervals) and bands. Each run is minigrpo.measure.run_algorithm in a fresh process."""
+(minigrpo.measuring.intervals) and bands. Each run is minigrpo.measuring.measure.run_algorithm in a fresh process."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from minigrpo.intervals import band, mean_interval, value_at
-from minigrpo.measure import ALGORITHMS, run_algorithm, run_in_fresh_process
+from minigrpo.measuring.intervals import band, mean_interval, value_at
+from minigrpo.measuring.measure import ALGORITHMS, run_algorithm, run_in_fresh_process
 from minigrpo.models import pick_device
 
 
@@ -150,7 +150,7 @@ def compare_with_seeds(
             arguments = dict(arguments, algorithm=algorithm, output_dir=f"{output_dir}/seed{seed}",
                              config_overrides={**overrides, "learning_rate": tuning["best"], "seed": seed})  # fmt: skip
             if fresh_processes:
-                result = run_in_fresh_process("minigrpo.measure", "run_algorithm", arguments)
+                result = run_in_fresh_process("minigrpo.measuring.measure", "run_algorithm", arguments)
             else:
                 result = run_algorithm(**arguments)
             study["runs"][algorithm].append(result)

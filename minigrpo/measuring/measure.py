@@ -86,7 +86,7 @@ def run_in_fresh_process(module: str, function: str, arguments: dict) -> dict:
 
 def _child_environment() -> dict:
     """This process's environment, with this copy of minigrpo first on the path (works without installing)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
 
@@ -300,7 +300,9 @@ def compare_ppo_grpo(
             output_dir=output_dir,
         )
         started = time.perf_counter()
-        results["algorithms"][algorithm] = run_in_fresh_process("minigrpo.measure", "run_algorithm", arguments)
+        results["algorithms"][algorithm] = run_in_fresh_process(
+            "minigrpo.measuring.measure", "run_algorithm", arguments
+        )
         if verbose:
             print(f"{algorithm}: {max_steps} steps in {time.perf_counter() - started:.0f} s (fresh process)")
     return results

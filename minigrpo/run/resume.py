@@ -1,6 +1,6 @@
 """The trainer's checkpoints: start fresh or resume, save, restore, write the final model.
 
-``CheckpointMixin`` holds the Trainer methods that talk to ``minigrpo.checkpoints``
+``CheckpointMixin`` holds the Trainer methods that talk to ``minigrpo.run.checkpoints``
 (which does the file work: atomic writes, safe reads, fallback, locking), so that
 ``trainer.py`` reads as the loop and the GRPO step. A checkpoint is written only
 between generations, so a resumed run continues exactly.
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from minigrpo import checkpoints, distributed
-from minigrpo.checkpoints import METRICS_FILE, CheckpointError
-from minigrpo.distributed import tie_weights
 from minigrpo.models import is_peft_model
 from minigrpo.rewards import reward_func_name
+from minigrpo.run import checkpoints, distributed
+from minigrpo.run.checkpoints import METRICS_FILE, CheckpointError
+from minigrpo.run.distributed import tie_weights
 
 
 class CheckpointMixin:
@@ -69,7 +69,7 @@ class CheckpointMixin:
             "resume with --resume (or train(resume_from_checkpoint=True))."
         )
 
-    # --- checkpoints (minigrpo.checkpoints does the work) -------------------------------
+    # --- checkpoints (minigrpo.run.checkpoints does the work) -------------------------------
     def trainable_modules(self) -> dict[str, torch.nn.Module]:
         """Modules whose weights a checkpoint must hold; 'model' is the policy."""
         return {"model": self.model}

@@ -7,7 +7,7 @@ Student's t over seeds,
     mean +- t_{0.975, n - 1} * s / sqrt(n)        s: the Bessel-corrected std of the n per-seed values
 
 (with n = 5, t = 2.776: wider than the normal 1.96, as it must be with so few draws). Used by
-``minigrpo.measure`` (bench/ppo_vs_grpo.py, lesson 05). Plain Python: no tensors, no scipy.
+``minigrpo.measuring.measure`` (bench/ppo_vs_grpo.py, lesson 05). Plain Python: no tensors, no scipy.
 """
 
 from __future__ import annotations
