@@ -18,8 +18,8 @@ Protocol (minigrpo.measuring.measure.compare_with_seeds):
    at equal sampled completions (the end of every run) and at equal wall-clock (the faster algorithm's longest run,
    tau: every run is read at its last evaluation before tau).
 
-Reported, as mean +- 95% t-interval over seeds (minigrpo.measuring.intervals): held-out test accuracy (at equal completions
-and at equal time), peak memory (GPU: max_memory_allocated; CPU: peak RSS above the RSS before the model was
+Reported, as mean +- 95% t-interval over seeds (minigrpo.measuring.intervals): held-out test accuracy (at equal
+completions and at equal time), peak memory (GPU: max_memory_allocated; CPU: peak RSS above the RSS before the model was
 loaded), seconds per step (rollout / scoring / update), parameters (trainable, frozen), and for PPO the critic's
 explained variance (mean of its last 5 steps, measured on each fresh rollout before the update).
 

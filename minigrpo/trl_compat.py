@@ -98,7 +98,8 @@ def check_trl_switches(config) -> None:
     if config.report_to not in ("none", None, []):
         raise ValueError(
             f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
-            "trainer.state.log_history only. Set report_to='none' (plot with minigrpo.course.plots.plot_training_curves)."
+            "trainer.state.log_history only. Set report_to='none' (plot with "
+            "minigrpo.course.plots.plot_training_curves)."
         )
 
 

@@ -1,4 +1,4 @@
-"""minigrpo.course.experiments: the lab bench of lessons 06-07 (summaries, tables, short runs, a reproducible disconnect)."""
+"""minigrpo.course.experiments: lessons 06-07's lab bench (summaries, tables, short runs, a reproducible disconnect)."""
 
 import pytest
 import torch

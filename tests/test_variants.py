@@ -1,4 +1,4 @@
-"""minigrpo.course.variants: the variants as config fields, loss weights off autograd, DAPO's dynamic-sampling filter."""
+"""minigrpo.course.variants: the variants as config fields, loss weights off autograd, DAPO's filter."""
 
 import pytest
 import torch

@@ -339,7 +339,7 @@ def plot_kl_estimators(
 
 
 def plot_kl_gradients(shift: float = 1.0, shifts: Sequence[float] | None = None) -> Figure:
-    """Which KL each estimator follows when it is used as a loss (minigrpo.course.kl_gradients), on shifted_distributions.
+    """Which KL each estimator follows when it is used as a loss (course.kl_gradients), on shifted_distributions.
 
     Left, at one `shift`: each logit's component of the exact gradients of the reverse KL (black) and the
     forward KL (grey dashed), as horizontal bars, and of each loss's expected gradient, as markers.
