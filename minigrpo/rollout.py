@@ -8,6 +8,14 @@ completions right-padded (so every completion starts at the same column). A
 completion ends at its first EOS token; the EOS counts (the model must learn
 to stop), the padding after it does not. A completion with no EOS ran out of
 max_completion_length: it is *truncated*.
+
+There is one sampling path: each group of G completions is drawn from its own
+torch.Generator, seeded per group (GroupSeededSampling), with every sampling
+option of the config applied there. The completions of group b then depend on
+its seed alone, not on the other groups in the batch, so one process and K
+data-parallel processes sample the same completions for the same seeds. With
+no seeds given, one per group is drawn from torch's global generator, so
+torch.manual_seed(s) before a call still makes it reproducible.
 """
 
 from __future__ import annotations
@@ -19,7 +27,10 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
+    TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
@@ -123,26 +134,27 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -
 
 
 def generation_config_for(config, model, tokenizer, greedy: bool = False) -> GenerationConfig:
-    """Sampling exactly from pi_theta at `temperature`: by default no top-k, no min-p, no repetition penalty.
+    """The GenerationConfig `generate` runs with: greedy decoding in both cases.
+
+    greedy=True (evaluation): plain greedy decoding, with config.repetition_penalty.
+    greedy=False (sampling): greedy decoding that changes nothing, because
+    GroupSeededSampling applies every sampling option itself and leaves the drawn
+    token the only finite score. repetition_penalty is 1.0 there on purpose:
+    `generate` applies a penalty even when greedy, so it would count twice.
 
     Built from scratch on purpose: Qwen2.5-Instruct's own generation_config
-    samples with top_k=20, top_p=0.8 and repetition_penalty=1.05, which would
-    make the completions come from a different distribution than the
-    log-probs we train on. GRPOConfig's top_p / top_k / min_p /
-    repetition_penalty (TRL's names) change that, as they do in TRL.
+    samples with top_k=20, top_p=0.8 and repetition_penalty=1.05. `generate`
+    fills in only the fields we leave None, and top_k / top_p only act when it
+    samples, which it never does here.
     """
     options = dict(
+        do_sample=False,
         max_new_tokens=config.max_completion_length,
         eos_token_id=eos_token_ids(model, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
-        repetition_penalty=getattr(config, "repetition_penalty", 1.0),
+        repetition_penalty=config.repetition_penalty if greedy else 1.0,
     )
-    if greedy:
-        options.update(do_sample=False)
-    else:
-        options.update(do_sample=True, temperature=config.temperature, top_p=config.top_p)
-        options.update(top_k=getattr(config, "top_k", 0), min_p=getattr(config, "min_p", None))
-    if use_fast_generation(config, model):
+    if use_fast_generation(config):
         # One cache size for every call (the longest prompt plus the completion), so the compiled decoding
         # step is built once instead of again whenever a batch's prompts are longer than before.
         options.update(
@@ -151,7 +163,7 @@ def generation_config_for(config, model, tokenizer, greedy: bool = False) -> Gen
     return GenerationConfig(**options)
 
 
-def use_fast_generation(config, model) -> bool:
+def use_fast_generation(config) -> bool:
     """The static-cache fast path: opt-in (``GRPOConfig.fast_generation=True``), meant for CUDA.
 
     With a static (fixed-size, preallocated) KV cache, transformers' `generate`
@@ -165,26 +177,69 @@ def use_fast_generation(config, model) -> bool:
     return bool(config.fast_generation)
 
 
+def sampling_warpers(config, prompt_mask: torch.Tensor) -> LogitsProcessorList:
+    """The config's sampling options as transformers' processors, in the order `generate` applies them.
+
+    repetition_penalty first (a processor), then the warpers temperature,
+    top_k, top_p, min_p (GenerationMixin._get_logits_processor). An option at
+    its "off" value is left out: repetition_penalty 1.0, temperature 1.0,
+    top_k 0, top_p 1.0, min_p None or 0. GRPOConfig's defaults leave only the
+    temperature, so completions come from pi_theta at `temperature`, the very
+    distribution the log-probs are computed for; the other options (TRL's
+    names) sample from something else, as they do in TRL.
+    prompt_mask: (N, P) left-padded. As in `generate`, the penalty counts the
+    prompt's tokens as already seen, but not its left padding.
+    """
+    warpers = LogitsProcessorList()
+    if config.repetition_penalty != 1.0:
+        left_padding = (prompt_mask == 0).sum(dim=1)  # (N,)
+        penalty = float(config.repetition_penalty)  # transformers refuses an int
+        warpers.append(RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=left_padding))
+    if config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(config.temperature))
+    if config.top_k != 0:
+        warpers.append(TopKLogitsWarper(config.top_k))
+    if config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(config.top_p))
+    if config.min_p:
+        warpers.append(MinPLogitsWarper(config.min_p))
+    return warpers
+
+
 class GroupSeededSampling(LogitsProcessor):
     """Samples the G rows of each group from that group's own torch.Generator, for a `generate` run greedily.
 
     The completions of group b then depend on its seed alone, not on which
     other groups share the batch: data-parallel ranks holding different groups
     sample exactly what one process holding them all would (minigrpo.run.distributed
-    derives the seeds from the step and the group's index). Temperature and
-    top-p are applied here, then the drawn token gets score 0 and every other
-    -inf, so greedy decoding picks it.
+    derives the seeds from the step and the group's index). At each step `warp`
+    applies every sampling option of the config (sampling_warpers), a token is
+    drawn from the softmax of the warped scores, then it gets score 0 and every
+    other token -inf, so greedy decoding picks it.
+
+    Symbol       | Shape  | Description
+    -------------|--------|------------------------------------------------
+    prompt_mask  | (N, P) | left-padded prompt mask, N = B * G rows, group-major
+    group_seeds  | B ints | one seed per group
     """
 
-    def __init__(self, group_seeds: list[int], num_generations: int, temperature: float, top_p: float, device):
-        self.generators = [torch.Generator(device).manual_seed(seed) for seed in group_seeds]
+    def __init__(self, config, prompt_mask: torch.Tensor, group_seeds: list[int], num_generations: int):
+        if len(group_seeds) * num_generations != prompt_mask.shape[0]:
+            raise ValueError(
+                f"{len(group_seeds)} group seeds x num_generations={num_generations} != {prompt_mask.shape[0]} rows: "
+                "pass one seed per group of G rows."
+            )
+        self.warpers = sampling_warpers(config, prompt_mask)
+        self.generators = [torch.Generator(prompt_mask.device).manual_seed(int(seed)) for seed in group_seeds]
         self.num_generations = num_generations
-        self.warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p < 1 else [])
+
+    def warp(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """(N, V) next-token scores -> (N, V) scores the tokens are sampled from."""
+        return self.warpers(input_ids, scores)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        for warp in self.warpers:
-            scores = warp(input_ids, scores)  # (N, V)
-        probs = scores.float().softmax(dim=-1).view(len(self.generators), self.num_generations, -1)  # (B, G, V)
+        probs = self.warp(input_ids, scores).float().softmax(dim=-1)  # (N, V)
+        probs = probs.view(len(self.generators), self.num_generations, -1)  # (B, G, V)
         tokens = torch.cat(
             [
                 torch.multinomial(group, 1, generator=generator)
@@ -209,17 +264,22 @@ def generate_completions(
 
     num_generations=G says the rows are G copies of each prompt (group-major);
     with config.share_prompt_prefix their prompt is then prefilled once per group.
-    group_seeds: one seed per group, to sample each group from its own generator
-    (GroupSeededSampling); None samples the whole batch from torch's global generator.
+    Sampling (greedy=False) always goes through GroupSeededSampling. group_seeds:
+    one seed per group of G rows (the trainer derives them from seed, step and
+    group index); None draws them from torch's global generator, so
+    torch.manual_seed(s) before the call reproduces it. greedy=True ignores them.
     """
+    if len(prompt_ids) % num_generations != 0:
+        raise ValueError(f"{len(prompt_ids)} rows are not whole groups of num_generations={num_generations}.")
     was_training = model.training
     model.eval()
-    with precision_context(prompt_ids.device, getattr(config, "bf16", None)):
-        generation_config = generation_config_for(config, model, tokenizer, greedy or group_seeds is not None)
+    with precision_context(prompt_ids.device, config.bf16):
+        generation_config = generation_config_for(config, model, tokenizer, greedy)
         options = {}
-        if group_seeds is not None and not greedy:
-            assert len(group_seeds) * num_generations == len(prompt_ids), "one seed per group of G rows"
-            sampler = GroupSeededSampling(group_seeds, num_generations, config.temperature, config.top_p, model.device)
+        if not greedy:
+            if group_seeds is None:
+                group_seeds = torch.randint(0, 2**62, (len(prompt_ids) // num_generations,)).tolist()  # (B,)
+            sampler = GroupSeededSampling(config, prompt_mask, group_seeds, num_generations)
             options["logits_processor"] = LogitsProcessorList([sampler])
         if shares_prompt_prefix(config, num_generations) and generation_config.cache_implementation is None:
             options[cache_argument(model)] = prefill_shared_prompts(model, prompt_ids, prompt_mask, num_generations)
@@ -234,7 +294,7 @@ def generate_completions(
 def shares_prompt_prefix(config, rows_per_call: int) -> bool:
     """Whether calls on `rows_per_call` group-major rows run each prompt once per group."""
     G = config.num_generations
-    return getattr(config, "share_prompt_prefix", False) and rows_per_call >= G and rows_per_call % G == 0
+    return config.share_prompt_prefix and rows_per_call >= G and rows_per_call % G == 0
 
 
 def prefill_shared_prompts(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int):
@@ -289,8 +349,8 @@ def sample_group_rollout(
 ) -> Rollout:
     """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
 
-    group_seeds: B seeds, to sample each group from its own generator (see
-    GroupSeededSampling; used under torch.distributed); None: torch's global one.
+    group_seeds: B seeds, one per group (see GroupSeededSampling); None draws
+    them from torch's global generator (see generate_completions).
     old log-probs are computed only when num_iterations > 1 (otherwise the
     current log-probs, detached, are pi_old exactly, and a forward pass is
     saved); reference log-probs only when beta > 0.
@@ -322,9 +382,9 @@ def sample_group_rollout(
         batch_size=config.per_device_train_batch_size,
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
-        num_generations=config.num_generations if getattr(config, "share_prompt_prefix", False) else 1,
+        num_generations=config.num_generations if config.share_prompt_prefix else 1,
     )
-    with precision_context(device, getattr(config, "bf16", None)):
+    with precision_context(device, config.bf16):
         if config.optimizer_steps_per_generation > 1:  # later steps are off-policy: the ratio needs pi_old
             rollout.old_per_token_logps = batched_per_token_logps(model, input_ids, attention_mask, T, **options)
         if config.beta != 0.0:

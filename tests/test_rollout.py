@@ -1,11 +1,22 @@
 """Stage 1: group sampling, padding, EOS masks, old and reference log-probs."""
 
 import torch
+from transformers import (
+    GenerationConfig,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from minigrpo.config import GRPOConfig
 from minigrpo.models import make_reference_model
 from minigrpo.rollout import (
+    GroupSeededSampling,
     completion_mask_from_eos,
+    eos_token_ids,
+    generate_completions,
     generation_config_for,
     repeat_for_group,
     sample_group_rollout,
@@ -41,12 +52,17 @@ def test_too_long_prompt_is_a_clear_error(tiny):
         raise AssertionError("expected a ValueError")
 
 
-def test_sampling_ignores_the_models_own_top_k_and_penalties(tiny):
+def test_sampling_ignores_the_models_own_top_k_and_penalties(tiny, train_dataset):
     model, tokenizer = tiny
-    model.generation_config.top_k = 20  # as Qwen2.5-Instruct ships
-    model.generation_config.repetition_penalty = 1.05
+    config = GRPOConfig.tiny_cpu(num_generations=2, max_completion_length=12)
+    ids, mask = group_prompts(tokenizer, train_dataset, config)
+    before = generate_completions(model, tokenizer, ids, mask, config, num_generations=2, group_seeds=[1, 2])
+    model.generation_config.update(do_sample=True, temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.05)
     generation = generation_config_for(GRPOConfig(), model, tokenizer)
-    assert generation.do_sample and generation.top_k == 0 and generation.repetition_penalty == 1.0
+    # GroupSeededSampling samples: generate itself decodes greedily and applies no penalty
+    assert not generation.do_sample and generation.repetition_penalty == 1.0
+    after = generate_completions(model, tokenizer, ids, mask, config, num_generations=2, group_seeds=[1, 2])
+    assert torch.equal(before, after)  # Qwen-style defaults on the model change nothing
 
 
 def test_rollout_shapes_masks_and_logps(tiny, train_dataset):
@@ -85,3 +101,122 @@ def test_completions_that_hit_max_length_are_truncated(tiny, train_dataset):
     assert rollout.completion_ids.shape[1] == 3
     assert rollout.is_truncated.all()  # "<answer>..." cannot end in 3 characters
     assert (rollout.completion_mask == 1).all()
+
+
+# --- one sampling path: GroupSeededSampling applies every sampling option ------------------------
+def group_prompts(tokenizer, dataset, config, num_prompts: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, P) left-padded ids and mask of the first `num_prompts` prompts, each G times."""
+    prompts = repeat_for_group(list(dataset["prompt"][:num_prompts]), config.num_generations)
+    return tokenize_prompts(tokenizer, prompts, config.max_prompt_length, "cpu")
+
+
+def sampled(model, tokenizer, ids, mask, config, seeds=(1, 2)) -> torch.Tensor:
+    return generate_completions(
+        model, tokenizer, ids, mask, config, num_generations=config.num_generations, group_seeds=list(seeds)
+    )  # (N, T)
+
+
+def test_processor_warps_like_transformers_generate_with_every_option_on(tiny):
+    model, tokenizer = tiny
+    options = dict(repetition_penalty=1.3, temperature=0.7, top_k=50, top_p=0.9, min_p=0.05)
+    config = GRPOConfig.tiny_cpu(num_generations=2, **options)
+    generator = torch.Generator().manual_seed(0)
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 1, 1]])  # (N, P)
+    input_ids = torch.randint(0, 250, (4, 9), generator=generator)  # (N, P + 4 generated)
+    input_ids[:, :5][prompt_mask == 0] = tokenizer.pad_token_id
+    scores = torch.randn(4, model.config.vocab_size, generator=generator)  # (N, V)
+    sampler = GroupSeededSampling(config, prompt_mask, group_seeds=[1, 2], num_generations=2)
+    warped = sampler.warp(input_ids, scores.clone())  # (N, V)
+
+    # transformers' own processors, in the order its sampling applies them
+    left_padding = torch.tensor([2, 1, 0, 3])
+    expected = scores.clone()
+    for step in (
+        RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=left_padding),
+        TemperatureLogitsWarper(0.7),
+        TopKLogitsWarper(50),
+        TopPLogitsWarper(0.9),
+        MinPLogitsWarper(0.05),
+    ):
+        expected = step(input_ids, expected)
+    assert torch.equal(warped, expected)
+    # and the list generate builds itself from the same options (the order is transformers', not ours)
+    generation = GenerationConfig(do_sample=True, **options)
+    built = model._get_logits_processor(generation, 5, model_kwargs={"attention_mask": prompt_mask})  # P = 5
+    assert torch.equal(warped, built(input_ids, scores.clone()))
+    assert 1 < torch.isfinite(warped).sum(1).max() < 50  # the filters really cut: the test is not vacuous
+
+
+def test_repetition_penalty_rules_out_seen_tokens_but_not_the_left_padding(tiny):
+    model, tokenizer = tiny
+    config = GRPOConfig.tiny_cpu(num_generations=2, repetition_penalty=1e6)
+    prompt_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])  # (N, P)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad, pad, 10, 11, 12], [20, 21, 22, 23, 24]])  # (N, P + 1)
+    sampler = GroupSeededSampling(config, prompt_mask, group_seeds=[0], num_generations=2)
+    scores = torch.full((2, model.config.vocab_size), 1000.0)  # (N, V): every token equally likely before the penalty
+    warped = sampler.warp(input_ids, scores)
+    assert warped[0, pad] == 1000.0  # left padding is not text the model has seen
+    assert (warped[0, [10, 11, 12]] < 1).all() and (warped[1, 20:25] < 1).all()
+    for _ in range(20):  # exp(-999) is exactly 0 in float32: a seen token can never be drawn
+        tokens = sampler(input_ids, scores).argmax(dim=1)  # (N,)
+        assert tokens[0] not in (10, 11, 12) and not 20 <= tokens[1] < 25
+
+
+def test_repetition_penalty_is_applied_once_as_in_transformers_greedy_decoding(tiny, train_dataset):
+    model, tokenizer = tiny
+    config = GRPOConfig.tiny_cpu(num_generations=2, max_completion_length=12, top_k=1, repetition_penalty=1e6)
+    ids, mask = group_prompts(tokenizer, train_dataset, config)
+    penalized = sampled(model, tokenizer, ids, mask, config)
+    # greedy=True lets transformers apply the penalty itself; top_k=1 makes our sampling greedy too
+    assert generation_config_for(config, model, tokenizer, greedy=True).repetition_penalty == 1e6
+    assert torch.equal(penalized, generate_completions(model, tokenizer, ids, mask, config, greedy=True))
+    unpenalized = sampled(model, tokenizer, ids, mask, config.replace(repetition_penalty=1.0))
+    assert penalized.shape != unpenalized.shape or not torch.equal(penalized, unpenalized)
+    # and when sampling, the same seeds give other completions with the penalty on
+    with_penalty = sampled(model, tokenizer, ids, mask, config.replace(top_k=0))
+    without = sampled(model, tokenizer, ids, mask, config.replace(top_k=0, repetition_penalty=1.0))
+    assert with_penalty.shape != without.shape or not torch.equal(with_penalty, without)
+
+
+def test_options_that_keep_only_the_top_token_give_the_greedy_completions(tiny, train_dataset):
+    model, tokenizer = tiny
+    config = GRPOConfig.tiny_cpu(num_generations=2, max_completion_length=12)
+    ids, mask = group_prompts(tokenizer, train_dataset, config)
+    greedy = generate_completions(model, tokenizer, ids, mask, config, greedy=True)
+    plain = sampled(model, tokenizer, ids, mask, config)
+    assert plain.shape != greedy.shape or not torch.equal(plain, greedy)  # without them it does sample
+    for option in (dict(top_k=1), dict(min_p=1.0), dict(top_p=1e-6), dict(temperature=1e-4)):
+        assert torch.equal(sampled(model, tokenizer, ids, mask, config.replace(**option)), greedy), option
+
+
+def test_a_groups_completions_depend_on_its_seed_alone_with_every_option_on(tiny, train_dataset):
+    model, tokenizer = tiny
+    options = dict(repetition_penalty=1.2, temperature=0.9, top_k=40, top_p=0.95, min_p=0.02)
+    config = GRPOConfig.tiny_cpu(num_generations=2, max_completion_length=12, **options)
+    ids, mask = group_prompts(tokenizer, train_dataset, config, num_prompts=3)  # (6, P)
+    eos = eos_token_ids(model, tokenizer)
+
+    def token_lists(completion_ids):  # without padding: the calls pad to different lengths
+        completion_mask, _ = completion_mask_from_eos(completion_ids, eos)
+        return [row[m.bool()].tolist() for row, m in zip(completion_ids, completion_mask, strict=True)]
+
+    together = token_lists(sampled(model, tokenizer, ids, mask, config, seeds=(5, 6, 7)))
+    first_ids, first_mask = group_prompts(tokenizer, train_dataset, config, num_prompts=1)
+    alone = token_lists(sampled(model, tokenizer, first_ids, first_mask, config, seeds=(5,)))
+    rest = token_lists(sampled(model, tokenizer, ids[2:], mask[2:], config, seeds=(6, 7)))
+    assert alone + rest == together
+
+
+def test_without_seeds_torch_manual_seed_reproduces_the_sampling(tiny, train_dataset):
+    model, tokenizer = tiny
+    config = GRPOConfig.tiny_cpu(num_generations=2, max_completion_length=12)
+    ids, mask = group_prompts(tokenizer, train_dataset, config)
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        return generate_completions(model, tokenizer, ids, mask, config, num_generations=2)
+
+    first = sample(0)
+    assert torch.equal(first, sample(0))
+    assert len({tuple(row.tolist()) for row in first}) > 1  # it samples: the completions are not all alike
