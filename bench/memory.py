@@ -171,7 +171,7 @@ def measure_step(trainer, update_micro_batches: int = 1) -> dict:
         N, mb = advantages.shape[0], config.per_device_train_batch_size
         rows = N if update_micro_batches <= 0 else min(N, update_micro_batches * mb)
         started = time.perf_counter()
-        trainer.update_policy(rollout, advantages[:rows], trainer.loss_mask(rollout))
+        trainer.grpo_step(rollout, advantages[:rows], trainer.loss_mask(rollout))
         result["update"] = peak_breakdown(
             tracker, weights, gradients([trainer.model]), optimizer_state(trainer.optimizer)
         )

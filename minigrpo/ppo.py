@@ -451,7 +451,7 @@ class PPOTrainer(Trainer):
                         "entropy": masked_mean(entropy.detach(), mask).item(),
                     }
                 )
-            (loss / len(chunks)).backward()
+            self.backward(loss / len(chunks), f"a micro-batch of {len(picked)} completions")  # stops on NaN or inf
             metrics["loss"] = loss.item()
             for key, value in metrics.items():
                 totals[key] = totals.get(key, 0.0) + value / len(chunks)
@@ -462,15 +462,13 @@ class PPOTrainer(Trainer):
     def clip_and_step_per_model(self) -> dict:
         """Clip the policy's gradient norm to max_grad_norm and the critic's to its own, then one AdamW step.
 
-        Returns grad_norm (the policy's, as GRPO logs it) and values/grad_norm, both before clipping.
+        Returns grad_norm (the policy's, as GRPO logs it) and values/grad_norm, both before clipping. An inf or
+        NaN norm stops the run before the step (Trainer.clip_gradients), as in GRPO.
         """
         policy_group, critic_group = self.optimizer.param_groups  # as optimizer_param_groups() built them
-        norms = {}
-        for key, group, max_norm in (
-            ("grad_norm", policy_group, self.config.max_grad_norm),
-            ("values/grad_norm", critic_group, self.config.value_max_grad_norm),
-        ):
-            norm = torch.nn.utils.clip_grad_norm_(group["params"], max_norm if max_norm > 0 else float("inf"))
-            norms[key] = norm.item()
+        norms = {
+            "grad_norm": self.clip_gradients(policy_group["params"], self.config.max_grad_norm),
+            "values/grad_norm": self.clip_gradients(critic_group["params"], self.config.value_max_grad_norm),
+        }
         self.optimizer.step()
         return norms

@@ -2,10 +2,12 @@
 
     prompts -> rollout (stage 1) -> rewards (2) -> advantages (3) -> loss + update (4)
 
-``Trainer`` holds everything GRPO and PPO share: the loop, prompt sampling,
-rollout and reward scoring, evaluation, metrics, the loss mask, the update in
-micro-batches with gradient accumulation, and checkpoints (written and read by
-``minigrpo.run.checkpoints``). ``GRPOTrainer`` adds stages 3 and 4: the GRPO step.
+``Trainer`` holds what GRPO and PPO share: the loop, prompt sampling, rollout
+and reward scoring, evaluation, metrics, the loss mask, the two checks every
+update makes (``backward``: the loss is finite; ``clip_gradients``: the
+gradient norm is finite), and checkpoints (``minigrpo.run``). ``GRPOTrainer``
+adds stages 3 and 4: ``optimize`` computes the advantages and ``grpo_step``
+is one optimizer step, written out from top to bottom as nanoGPT's loop is.
 ``minigrpo.ppo.PPOTrainer`` adds its critic on the same base.
 """
 
@@ -23,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
-from minigrpo.dynamic_sampling import collect_informative_rollout
+from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, kept_rows, select_completions
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
@@ -37,21 +39,10 @@ from minigrpo.models import (
     set_gradient_checkpointing,
 )
 from minigrpo.rewards import compute_rewards
-from minigrpo.rollout import (
-    Rollout,
-    render_prompts,
-    repeat_for_group,
-    sample_group_rollout,
-)
+from minigrpo.rollout import Rollout, completion_logps, render_prompts, repeat_for_group, sample_group_rollout
 from minigrpo.run import checkpoints, distributed
-from minigrpo.run.checkpoints import (  # noqa: F401 (re-exported)
-    HISTORY_FILE,
-    METRICS_FILE,
-    STATE_FILE,
-    CheckpointError,
-    latest_checkpoint,
-)
-from minigrpo.run.evaluation import evaluate_model, greedy_completions  # noqa: F401 (greedy_completions re-exported)
+from minigrpo.run.checkpoints import METRICS_FILE
+from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.run.resume import CheckpointMixin
 from minigrpo.run.schedule import PromptSampler, micro_batches, resolve_max_steps
@@ -135,8 +126,8 @@ class Trainer(CheckpointMixin):
             self.ref_model = ref_model if ref_model is not None else make_reference_model(self.model, self.config.bf16)
         else:
             self.ref_model = None  # beta == 0: no KL term, no reference model in memory
-        # The update's forward pass: in DDP (or sharded by FSDP2) under torchrun, plain otherwise.
-        self.policy = distributed.wrap_policy(self.model, self.config)
+        # Under torchrun only: the update's forward pass in DDP (None with FSDP2, which shards self.model in place).
+        self.ddp_policy = distributed.data_parallel_policy(self.model, self.config)
         self.optimizer = torch.optim.AdamW(
             self.optimizer_param_groups(),
             lr=self.config.learning_rate,
@@ -147,9 +138,10 @@ class Trainer(CheckpointMixin):
         # _guarded_step compares it before and after a step to know whether the weights have changed yet.
         self.optimizer_steps = 0
         self.optimizer.register_step_post_hook(self._count_optimizer_step)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.sampler = PromptSampler(len(train_dataset), self.config.seed, self.config.shuffle_dataset)
+        # before the scheduler: LambdaLR calls _lr_factor(0) at once, and the linear decay needs max_steps
         self.max_steps = resolve_max_steps(self.config, len(train_dataset), self.optimizer_steps_per_generation())
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0  # optimizer steps taken (TRL's global_step)
         self.history: list[dict] = []
         self.state = TrainerState(self)
@@ -173,6 +165,10 @@ class Trainer(CheckpointMixin):
     def processing_class(self) -> PreTrainedTokenizerBase:
         """The tokenizer, under TRL's name (``trainer.processing_class``)."""
         return self.tokenizer
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """Every parameter the optimizer updates (the policy's; PPOTrainer's critic too)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     def optimizer_param_groups(self) -> list[dict]:
         """AdamW's parameter groups, each a dict with its "params" and "lr". A subclass that trains more than
@@ -357,11 +353,17 @@ class Trainer(CheckpointMixin):
         metrics.update(self.rollout_metrics(rollout, rewards_per_func, rewards))
         return rollout, rewards.to(self.device), metrics
 
-    def generate_and_score(self, num_prompts: int) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
+    def generate_and_score(
+        self, num_prompts: int, first_group: int = 0
+    ) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
         """The next `num_prompts` prompts -> rollout, rewards_per_func (N, F), rewards (N,), and the time taken.
-        Under torchrun: this rank's share of the prompts, each group sampled from its own seed (see distributed)."""
+
+        Each group is sampled from its own seed, a hash of (seed, step, the group's index in the step: first_group
+        + b), so one process and K processes under torchrun sample the same completions (run.distributed.
+        local_groups). Under torchrun this rank keeps its share of the prompts."""
         config = self.config
-        indices, group_seeds = distributed.local_groups(self.sampler.next_indices(num_prompts), config.seed, self.step)
+        prompts = self.sampler.next_indices(num_prompts)
+        indices, group_seeds = distributed.local_groups(prompts, config.seed, self.step, first_group)
         batch = self.train_dataset[indices]
         started = time.perf_counter()
         rollout = sample_group_rollout(
@@ -404,7 +406,7 @@ class Trainer(CheckpointMixin):
         with open(self.metrics_path, "a") as f:
             f.write(checkpoints.dumps(metrics) + "\n")  # valid JSON: a NaN metric is written as null
 
-    # --- the update, shared by every algorithm -------------------------------------------
+    # --- the update: what every algorithm's step shares ----------------------------------
     def loss_mask(self, rollout: Rollout) -> torch.Tensor:
         """(N, T) the tokens the loss counts: the completion mask, minus every token of a truncated completion
         when config.mask_truncated_completions (DAPO: a cut-off answer is not a wrong answer)."""
@@ -413,69 +415,45 @@ class Trainer(CheckpointMixin):
             mask = mask * (~rollout.is_truncated).unsqueeze(1)  # (N, T)
         return mask
 
-    def accumulate_and_step(
-        self,
-        num_rows: int,
-        micro_batch_loss: Callable[[slice], tuple[torch.Tensor, dict]],
-        loss_spans_step: bool = False,
-    ) -> dict:
-        """One optimizer step over N rows in micro-batches of per_device_train_batch_size, with gradient accumulation.
+    def policy_logps(self, rollout: Rollout, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """log pi_theta and entropy (n, T), (n, T) of the rollout's rows `rows`, with gradients: the update's
+        forward pass. Under torchrun it runs inside DDP, which then averages the gradients over the processes."""
+        if self.ddp_policy is not None:
+            return self.ddp_policy(rollout, rows)
+        return completion_logps(self.model, rollout, self.config, rows)
 
-        `micro_batch_loss(rows)` returns (loss, metrics) for the rows `rows`.
-        Each loss is divided by the number of micro-batches, so the gradient
-        is that of their mean, unless `loss_spans_step`: the loss was already
-        divided by a normaliser of the whole step (dapo's token count), and
-        the micro-batch losses add up to the step's loss. Metrics are averaged
-        over micro-batches. Then: clip the gradient norm, step, advance the
-        schedule. Returns the metrics with grad_norm and learning_rate.
-        Under torchrun the gradients are averaged over the processes after the
-        last micro-batch's backward (the others accumulate locally).
-        """
-        slices = micro_batches(num_rows, self.config.per_device_train_batch_size)
-        accumulation = len(slices)  # N / per_device_train_batch_size, or N/K per process under torchrun
-        totals: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
-        for i, rows in enumerate(slices):
-            with distributed.gradient_sync(self.policy, enabled=i == accumulation - 1):
-                loss, metrics = micro_batch_loss(rows)
-                self._check_finite_loss(loss, rows)
-                (loss if loss_spans_step else loss / accumulation).backward()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / accumulation
-        if loss_spans_step:
-            totals["loss"] *= accumulation  # the sum of the micro-batch losses is the step's loss
-        totals["grad_norm"] = self.clip_and_step()
-        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
-        return totals
+    def gradient_sync(self, enabled: bool):
+        """Under torchrun, a context in which backward averages the gradients over the processes only if `enabled`
+        (the last micro-batch of a step; the others accumulate locally). In one process: nothing to do."""
+        return distributed.gradient_sync(self.ddp_policy or self.model, enabled)
 
-    def clip_and_step(self) -> float:
-        """Clip the global gradient norm to config.max_grad_norm, take an optimizer step; returns the norm."""
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if not math.isfinite(norm.item()):  # clipping cannot rescue an inf or NaN gradient: it would reach the weights
+    def backward(self, loss: torch.Tensor, which: str) -> None:
+        """loss.backward(), once the loss is known to be finite: a NaN or inf loss would turn every weight into NaN,
+        so it stops the run before backward, with what to change. which: the completions it is the loss of."""
+        if not torch.isfinite(loss).all():
+            config = self.config
             raise NonFiniteError(
-                f"step {self.step + 1}: the gradient norm is {norm.item()} although the loss was finite, so the "
-                f"update was not applied. Likely cause: an overflow in the backward pass (learning_rate="
+                f"step {self.step + 1}: the loss of {which} is {loss.item()}, so "
+                f"the update was not applied. Likely cause: log-probs that overflowed (learning_rate="
+                f"{config.learning_rate:g} too high for this model, so the last updates diverged) or, with beta="
+                f"{config.beta:g}, a policy far from the reference (the KL's exp overflows). Lower learning_rate "
+                "(or beta) and resume from the last checkpoint (allow_config_change=True)."
+            )
+        loss.backward()
+
+    def clip_gradients(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+        """Clip the gradient norm of `params` to max_norm (0 = no clipping) and return the norm before clipping.
+        An inf or NaN norm stops the run: clipping cannot rescue it, and the step would put it in the weights."""
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
+        if not math.isfinite(norm):
+            raise NonFiniteError(
+                f"step {self.step + 1}: the gradient norm is {norm} although the loss was finite, so the update "
+                f"was not applied. Likely cause: an overflow in the backward pass (learning_rate="
                 f"{self.config.learning_rate:g} too high for this model, or reduced precision); lower learning_rate "
                 "and resume from the last checkpoint (allow_config_change=True)."
             )
-        self.optimizer.step()
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
-
-    def _check_finite_loss(self, loss: torch.Tensor, rows: slice) -> None:
-        """A NaN or inf loss stops the run before backward: its gradient would turn every weight into NaN."""
-        if torch.isfinite(loss).all():
-            return
-        config = self.config
-        raise NonFiniteError(
-            f"step {self.step + 1}: the loss of completions {rows.start}-{rows.stop - 1} is {loss.item()}, so the "
-            f"update was not applied. Likely cause: log-probs that overflowed (learning_rate={config.learning_rate:g}"
-            f" too high for this model, so the last updates diverged) or, with beta={config.beta:g}, a policy far "
-            "from the reference (the KL's exp overflows). Lower learning_rate (or beta) and resume from the last "
-            "checkpoint (allow_config_change=True)."
-        )
+        return norm
 
 
 # --- GRPO -------------------------------------------------------------------------
@@ -495,61 +473,116 @@ class GRPOTrainer(Trainer):
     supports_distributed = True
     supports_dynamic_sampling = True
 
-    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2; with config.dynamic_sampling, DAPO's refill (dynamic_sampling.collect_informative_rollout)."""
-        if self.config.dynamic_sampling:
-            return collect_informative_rollout(self)
-        return super().collect_rollout()
-
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+        """Stage 3, the advantages, then stage 4: num_iterations passes over the rollout, each pass one optimizer
+        step per slice of whole groups (one slice unless TRL's batch fields ask for several)."""
         config = self.config
         if rewards.numel() == 0:  # dynamic sampling kept no group: no signal to follow, no optimizer step
             return {"loss": 0.0, "grad_norm": 0.0}
-        grouped = group_rewards(rewards, config.num_generations)  # (B, G)
+        grouped_rewards = group_rewards(rewards, config.num_generations)  # (B, G)
         advantages = group_relative_advantages(
-            grouped, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
+            grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
         ).flatten()  # (N,)
         loss_mask = self.loss_mask(rollout)  # (N, T)
-        metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)  # abs_mean, std
-        # steps_per_generation / gradient_accumulation_steps optimizer steps per pass, each on its own slice of
-        # whole groups (1 unless TRL's batch fields say otherwise), num_iterations passes over the rollout.
-        chunks = micro_batches(
-            len(advantages), len(advantages) * config.gradient_accumulation_steps // config.steps_per_generation
-        )
-        passes = [
-            self.update_policy(rollout, advantages, loss_mask, rows)
+        metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)
+        N = len(advantages)
+        step_slices = micro_batches(N, N * config.gradient_accumulation_steps // config.steps_per_generation)
+        steps = [
+            self.grpo_step(rollout, advantages, loss_mask, rows)
             for _ in range(config.num_iterations)
-            for rows in chunks
+            for rows in step_slices
         ]
-        metrics.update(average_metrics(passes))
+        metrics.update(average_metrics(steps))
         return metrics
 
-    def update_policy(
+    def grpo_step(
         self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor, step_rows: slice = slice(None)
     ) -> dict:
-        """One optimizer step on the rollout's rows `step_rows` (default: all of them): the GRPO loss of each
-        micro-batch, accumulated."""
+        """One optimizer step on the rollout's rows `step_rows` (default: all N), in micro-batches.
+
+        advantages: (N,) one per completion; loss_mask: (N, T). For each micro-batch of
+        per_device_train_batch_size rows: the policy's per-token log-probs, grpo_loss, backward (the gradients
+        add up); then clip the gradient norm, take the optimizer step, advance the schedule. Returns the
+        step's metrics (means over micro-batches), with grad_norm and learning_rate.
+        """
         config = self.config
         first = step_rows.start or 0
         num_rows = len(range(*step_rows.indices(len(advantages))))
-        # dapo's normaliser: tokens in the optimizer step (under torchrun: all ranks' tokens / K, see step_token_count)
+        micro = [
+            slice(first + r.start, first + r.stop) for r in micro_batches(num_rows, config.per_device_train_batch_size)
+        ]
+        # "dapo" divides by the tokens of the whole step (every process's, see distributed.step_token_count), so its
+        # micro-batch losses add up to the step's loss; the others are means, so each counts 1 / micro-batches.
         num_items_in_batch = distributed.step_token_count(loss_mask[step_rows])
+        loss_scale = 1.0 if config.loss_type == "dapo" else 1.0 / len(micro)
+        old_logps, ref_logps = rollout.old_per_token_logps, rollout.ref_per_token_logps  # (N, T) or None
+        step_loss, totals = 0.0, {}
+        self.optimizer.zero_grad(set_to_none=True)
+        for i, rows in enumerate(micro):
+            with self.gradient_sync(enabled=i == len(micro) - 1):  # torchrun: average gradients after the last
+                with precision_context(self.device, config.bf16):
+                    per_token_logps, entropy = self.policy_logps(rollout, rows)  # (n, T), (n, T)
+                loss, metrics = grpo_loss(
+                    per_token_logps,
+                    None if old_logps is None else old_logps[rows],
+                    None if ref_logps is None else ref_logps[rows],
+                    advantages[rows],
+                    loss_mask[rows],
+                    config,
+                    num_items_in_batch,
+                )
+                self.backward(loss * loss_scale, f"completions {rows.start}-{rows.stop - 1}")
+            step_loss += loss.item() * loss_scale
+            metrics["entropy"] = masked_mean(entropy.detach(), loss_mask[rows]).item()
+            for key, value in metrics.items():  # the other metrics: means over the micro-batches
+                totals[key] = totals.get(key, 0.0) + value / len(micro)
+        totals["loss"] = step_loss
+        totals["grad_norm"] = self.clip_gradients(self.trainable_parameters(), config.max_grad_norm)
+        self.optimizer.step()
+        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return totals
 
-        def micro_batch_loss(rows: slice) -> tuple[torch.Tensor, dict]:
-            rows = slice(first + rows.start, first + rows.stop)  # rows of the rollout
-            with precision_context(self.device, self.config.bf16):
-                logps, entropy = self.policy(rollout, rows)  # (n, T), (n, T): completion_logps, in DDP if any
-            loss, metrics = grpo_loss(
-                logps,
-                None if rollout.old_per_token_logps is None else rollout.old_per_token_logps[rows],
-                None if rollout.ref_per_token_logps is None else rollout.ref_per_token_logps[rows],
-                advantages[rows],
-                loss_mask[rows],
-                config,
-                num_items_in_batch,
-            )
-            metrics.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), loss_mask[rows]).item())
-            return loss, metrics
+    # --- DAPO's dynamic sampling ---------------------------------------------------------
+    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """Stages 1-2; with config.dynamic_sampling, DAPO's refill (collect_informative_rollout)."""
+        if self.config.dynamic_sampling:
+            return self.collect_informative_rollout()
+        return super().collect_rollout()
 
-        # dapo already divides by the whole step's token count; the others average the micro-batches.
-        return self.accumulate_and_step(num_rows, micro_batch_loss, loss_spans_step=config.loss_type == "dapo")
+    def collect_informative_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """DAPO's refill: rounds of B prompts until B groups whose rewards are not all equal are kept
+        (dynamic_sampling.fill_batch), at most max_num_gen_batches rounds; fewer groups when they run out.
+        Returns the kept rollout, its rewards (N_kept,) and the metrics.
+
+        The usual metrics (reward, frac_reward_zero_std, completions/...) are over every generated group, so they
+        describe the policy as a run without dynamic sampling would; time/rollout and time/rewards add up the
+        rounds; dynamic_sampling/* say what the refill cost and what was trained on.
+        """
+        config = self.config
+        B, G = config.prompts_per_step, config.num_generations
+        rounds = []  # (rollout, rewards_per_func, rewards, timing) of each round
+
+        def generate_round() -> torch.Tensor:
+            rounds.append(self.generate_and_score(B, first_group=len(rounds) * B))  # round r: groups rB .. rB+B-1
+            return group_rewards(rounds[-1][2], G)  # (B, G)
+
+        kept, num_rounds = fill_batch(generate_round, B, config.max_num_gen_batches)
+        generated = concat_rollouts([r[0] for r in rounds], self.tokenizer.pad_token_id or 0)  # rounds * N rows
+        rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
+        rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
+        rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
+        metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
+        for key in ("time/rollout", "time/rewards"):
+            metrics[key] = sum(r[3][key] for r in rounds)
+        metrics.update(
+            {
+                "dynamic_sampling/rounds": num_rounds,
+                "dynamic_sampling/groups_generated": num_rounds * B,
+                "dynamic_sampling/groups_kept": len(kept),
+                "dynamic_sampling/kept_fraction": len(kept) / (num_rounds * B),
+            }
+        )
+        if kept:
+            metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
+        return select_completions(generated, rows), rewards[rows].to(self.device), metrics

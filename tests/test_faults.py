@@ -22,7 +22,8 @@ from minigrpo import GRPOTrainer
 from minigrpo.__main__ import main
 from minigrpo.run.checkpoints import STATE_FILE, CheckpointError, checkpoint_step, latest_checkpoint
 from minigrpo.tasks.arithmetic import correctness_reward
-from minigrpo.trainer import METRICS_FILE, NonFiniteError
+from minigrpo.run.checkpoints import METRICS_FILE
+from minigrpo.trainer import NonFiniteError
 
 
 def weights(model):

@@ -13,7 +13,7 @@ from minigrpo.models import AdaptersDisabled, is_peft_model, lora_config, set_gr
 from minigrpo.ppo import PPOConfig, PPOTrainer
 from minigrpo.rollout import sample_group_rollout
 from minigrpo.tasks.arithmetic import correctness_reward
-from minigrpo.trainer import latest_checkpoint
+from minigrpo.run.checkpoints import latest_checkpoint
 
 # Measured over 30 steps of 16 x 8 (reward, first 5 -> last 5 steps): full 3e-4 0.180 -> 0.250; LoRA r=16 at 3e-4
 # 0.174 -> 0.242, 1e-3 0.189 -> 0.255, 3e-3 0.152 -> 0.208, 1e-2 collapses (0.066 -> 0.008). On the tiny Qwen r=16 is a

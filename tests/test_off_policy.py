@@ -107,10 +107,10 @@ def test_two_passes_over_one_rollout_ratio_one_then_clipped():
         passes = []
         for _ in range(2):
             with torch.no_grad():
-                logps, _ = trainer.policy(rollout, slice(None))  # (N, T), what the update is about to see
+                logps, _ = trainer.policy_logps(rollout, slice(None))  # (N, T), what the update is about to see
             ratio = torch.exp(logps - rollout.old_per_token_logps)  # (N, T)
             ours = clip_fractions(ratio, advantages, mask, config.epsilon_low, config.clip_epsilon_high)
-            logged = trainer.update_policy(rollout, advantages, mask)
+            logged = trainer.grpo_step(rollout, advantages, mask)
             passes.append((ratio, ours, logged))
     (ratio_1, ours_1, logged_1), (ratio_2, ours_2, logged_2) = passes
     assert torch.equal(ratio_1[mask.bool()], torch.ones(int(mask.sum())))
@@ -138,8 +138,8 @@ def test_on_policy_the_ratio_stays_one_after_updates_and_only_the_kl_moves_the_g
             advantages = group_relative_advantages(rewards.view(-1, config.num_generations)).flatten()  # (N,)
             mask = trainer.loss_mask(rollout)
             with torch.no_grad():
-                logps, _ = trainer.policy(rollout, slice(None))  # (N, T)
-            logged = trainer.update_policy(rollout, advantages, mask)
+                logps, _ = trainer.policy_logps(rollout, slice(None))  # (N, T)
+            logged = trainer.grpo_step(rollout, advantages, mask)
     assert rollout.old_per_token_logps is None  # pi_old is the current policy, detached
     kl = kl_penalty(logps, rollout.ref_per_token_logps, config.kl_estimator)  # (N, T)
     assert masked_mean(kl, mask) > 1e-4

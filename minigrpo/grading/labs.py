@@ -189,7 +189,8 @@ class PlantedBugTrainer(GRPOTrainer):
         if loss.requires_grad:  # wrong_detach: nothing to differentiate when beta is 0
             loss.backward()
         metrics.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), mask).item())
-        metrics["grad_norm"] = self.clip_and_step()
+        metrics["grad_norm"] = self.clip_gradients(self.trainable_parameters(), config.max_grad_norm)
+        self.optimizer.step()
         metrics.update(diagnostics(logps.detach(), entropy.detach(), mask, grouped, grouped_advantages))
         self.scheduler.step()
         return metrics

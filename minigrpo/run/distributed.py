@@ -26,13 +26,12 @@ and DDP's division by K restores sum / (all tokens). "bnpo" is a token mean
 per micro-batch, so it matches a single process with the same micro-batches
 (per_device_train_batch_size <= N/K).
 
-Sampling: `generate` draws from the global random generator, so the same
-seed gives different completions with K = 1 and K = 2 (each rank's stream
-covers different rows). Under torch.distributed each group is sampled from
-its own generator, seeded from (seed, step, the group's index in the step):
-group 5 gets the same completions whichever rank holds it, and K processes
-give the weights one process gives (up to float rounding). Outside
-torch.distributed sampling is the plain, batched `generate`.
+Sampling: one shared random stream would give different completions with
+K = 1 and K = 2 (each rank's stream would cover different rows). So each
+group is sampled from its own generator, seeded from (seed, step, the group's
+index in the step), in one process as under torchrun: group 5 gets the same
+completions whichever rank holds it, and `python -m minigrpo train` and K
+processes give the same weights (up to float rounding).
 
 Failures: a rank that raises while collecting its rollout tells the others
 (an all-gather of the error each step), and every rank stops with that error
@@ -52,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from minigrpo.rollout import Rollout, completion_logps
+from minigrpo.trl_compat import world_size  # K: one definition, shared with the config's batch rule
 
 
 class RankFailedError(RuntimeError):
@@ -62,11 +62,6 @@ class RankFailedError(RuntimeError):
 def is_distributed() -> bool:
     """True inside a torch.distributed process group (under torchrun, after init_from_environment)."""
     return dist.is_available() and dist.is_initialized()
-
-
-def world_size() -> int:
-    """K, the number of processes (1 outside torch.distributed)."""
-    return dist.get_world_size() if is_distributed() else 1
 
 
 def rank() -> int:
@@ -139,19 +134,19 @@ def check_config(config) -> None:
         )
 
 
-def local_groups(prompt_indices: list[int], seed: int, step: int) -> tuple[list[int], list[int] | None]:
-    """This rank's share of the step's B prompts, and the sampling seed of each of its groups.
+def local_groups(prompt_indices: list[int], seed: int, step: int, first_group: int = 0) -> tuple[list[int], list[int]]:
+    """This rank's share of B prompts, and the sampling seed of each of its groups.
 
-    prompt_indices: the B dataset indices of the step, the same on every rank
-    (drawn from the seed). Rank r keeps the contiguous slice r*B/K .. (r+1)*B/K,
-    so global group b = r*B/K + local b. Returns (indices, None) in one process:
-    the plain batched sampling.
+    prompt_indices: the B dataset indices, the same on every rank (drawn from
+    the seed). Rank r keeps the contiguous slice r*B/K .. (r+1)*B/K, so group b
+    of the step is first_group + r*B/K + local b (first_group: the groups the
+    step sampled before, in DAPO's refill rounds). In one process (K = 1): all
+    of them, with the same seeds.
     """
-    if not is_distributed():
-        return prompt_indices, None
     per_rank = len(prompt_indices) // world_size()
     first = rank() * per_rank
-    return prompt_indices[first : first + per_rank], group_seeds(seed, step, range(first, first + per_rank))
+    groups = range(first_group + first, first_group + first + per_rank)
+    return prompt_indices[first : first + per_rank], group_seeds(seed, step, groups)
 
 
 def group_seeds(seed: int, step: int, groups) -> list[int]:
@@ -264,7 +259,8 @@ class PolicyLogps(torch.nn.Module):
     DDP synchronises the gradients of what runs inside its forward. With a
     shared prompt (share_prompt_prefix) the policy runs twice per micro-batch
     (prompt, then completions): wrapping this module instead of the model keeps
-    it one forward per backward, which is what DDP expects.
+    it one forward per backward, which is what DDP expects. Only under torchrun:
+    a one-process run calls completion_logps on the model directly.
     """
 
     def __init__(self, model: torch.nn.Module, config):
@@ -275,19 +271,22 @@ class PolicyLogps(torch.nn.Module):
         return completion_logps(self.model, rollout, self.config, rows)  # (n, T), (n, T)
 
 
-def wrap_policy(model: torch.nn.Module, config) -> torch.nn.Module:
-    """PolicyLogps(model): plain in one process; in DistributedDataParallel under torch.distributed; with the
-    model sharded by FSDP2 (fully_shard) when config.fsdp. Call before the optimizer is built (FSDP2 replaces
-    the parameters by shards) and after the reference copy (the reference stays whole, outside DDP)."""
-    policy = PolicyLogps(model, config)
+def data_parallel_policy(model: torch.nn.Module, config) -> torch.nn.Module | None:
+    """Under torchrun, PolicyLogps(model) in DistributedDataParallel, or None with config.fsdp (the model is
+    sharded by FSDP2 in place instead, and its own forward gathers the shards). None in one process.
+
+    Call before the optimizer is built (FSDP2 replaces the parameters by shards) and after the reference copy
+    (the reference stays whole, outside DDP)."""
     if not is_distributed():
-        return policy
-    if getattr(config, "fsdp", False):
+        return None
+    if config.fsdp:
         shard_model(model)
-        return policy
+        return None
     # device_ids=None: the inputs are already on this rank's device (no scatter); buffers (rotary tables) never
     # change, so there is nothing to synchronise before each forward.
-    return torch.nn.parallel.DistributedDataParallel(policy, device_ids=None, forward_sync_buffers=False)
+    return torch.nn.parallel.DistributedDataParallel(
+        PolicyLogps(model, config), device_ids=None, forward_sync_buffers=False
+    )
 
 
 def shard_model(model: torch.nn.Module) -> None:
@@ -337,14 +336,14 @@ def load_full_state_dicts(
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
 
 
-def gradient_sync(policy: torch.nn.Module, enabled: bool):
+def gradient_sync(module: torch.nn.Module, enabled: bool):
     """A context in which backward synchronises gradients over the ranks only if `enabled` (the last
-    micro-batch of a step): the others accumulate locally, which saves K-1 all-reduces per micro-batch."""
-    if isinstance(policy, torch.nn.parallel.DistributedDataParallel) and not enabled:
-        return policy.no_sync()
-    model = getattr(policy, "model", None)
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(enabled)
+    micro-batch of a step): the others accumulate locally, which saves K-1 all-reduces per micro-batch.
+    module: the DDP-wrapped policy, or the model (sharded by FSDP2, or plain in one process: nothing to do)."""
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel) and not enabled:
+        return module.no_sync()
+    if hasattr(module, "set_requires_gradient_sync"):  # FSDP2
+        module.set_requires_gradient_sync(enabled)
     return contextlib.nullcontext()
 
 
