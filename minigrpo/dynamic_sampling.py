@@ -19,8 +19,12 @@ no such option). The pieces, each a small pure function:
 
 - ``informative_groups``: (B, G) rewards -> (B,) bool, the filter.
 - ``fill_batch``: the refill loop above, on any function that generates a round.
-- ``select_completions`` / ``concat_rollouts``: the kept rows of a rollout, and
-  rollouts of several rounds joined into one batch (padded to a common width).
+- ``select_completions`` / ``concat_rollouts`` / ``kept_rows``: the kept rows
+  of a rollout, and rollouts of several rounds joined into one batch (padded
+  to a common width).
+
+The trainer composes them: ``GRPOTrainer.collect_informative_rollout`` hands
+``fill_batch`` a function that samples and scores one round.
 
 Notation: B prompts (groups) per round, G completions per prompt, N = B * G,
 P prompt tokens, T completion tokens.
@@ -32,7 +36,7 @@ from collections.abc import Callable
 
 import torch
 
-from minigrpo.advantages import group_rewards, zero_std_groups
+from minigrpo.advantages import zero_std_groups
 from minigrpo.rollout import Rollout
 
 
@@ -127,41 +131,3 @@ def kept_rows(kept: list[tuple[int, int]], round_index: int, num_groups: int, nu
     groups = torch.zeros(num_groups, dtype=torch.bool)  # (B_r,)
     groups[[group for r, group in kept if r == round_index]] = True
     return groups.repeat_interleave(num_generations)  # (B_r * G,)
-
-
-def collect_informative_rollout(trainer) -> tuple[Rollout, torch.Tensor, dict]:
-    """GRPOTrainer.collect_rollout with config.dynamic_sampling: rounds of B prompts (trainer.generate_and_score)
-    until B groups whose rewards are not all equal are kept (fill_batch), at most max_num_gen_batches rounds;
-    fewer groups when they run out. Returns the kept rollout, its rewards (on the trainer's device), the metrics.
-
-    The usual metrics (reward, frac_reward_zero_std, completions/...) are over every generated group, so they
-    describe the policy as a run without dynamic sampling would; time/rollout and time/rewards add up the
-    rounds; dynamic_sampling/* say what the refill cost and what was trained on.
-    """
-    config = trainer.config
-    B, G = config.prompts_per_step, config.num_generations
-    rounds = []  # (rollout, rewards_per_func, rewards, timing) of each round
-
-    def generate_round() -> torch.Tensor:
-        rounds.append(trainer.generate_and_score(B))
-        return group_rewards(rounds[-1][2], G)  # (B, G)
-
-    kept, num_rounds = fill_batch(generate_round, B, config.max_num_gen_batches)
-    generated = concat_rollouts([r[0] for r in rounds], trainer.tokenizer.pad_token_id or 0)  # rounds * N rows
-    rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
-    rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
-    rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
-    metrics = trainer.rollout_metrics(generated, rewards_per_func, rewards)
-    for key in ("time/rollout", "time/rewards"):
-        metrics[key] = sum(r[3][key] for r in rounds)
-    metrics.update(
-        {
-            "dynamic_sampling/rounds": num_rounds,
-            "dynamic_sampling/groups_generated": num_rounds * B,
-            "dynamic_sampling/groups_kept": len(kept),
-            "dynamic_sampling/kept_fraction": len(kept) / (num_rounds * B),
-        }
-    )
-    if kept:
-        metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
-    return select_completions(generated, rows), rewards[rows].to(trainer.device), metrics

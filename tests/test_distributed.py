@@ -1,9 +1,9 @@
 """Data-parallel GRPO on the CPU with gloo: 2 processes make the update 1 process makes.
 
-Two torchrun launches of tests/distributed_worker.py (each start costs more than its training, so each runs
-several short runs in one process group): one process, then two. Every run is 3 steps of 4 prompts x G=4 on
-the tiny Qwen. The 2-process launch ends with a run whose reward function raises on rank 1, so it exits with an
-error; the runs before it have written their weights.
+Three launches of tests/distributed_worker.py (each start costs more than its training, so each runs several
+short runs): plain `python`, as `python -m minigrpo train` runs, then torchrun with one process and with two.
+Every run is 3 steps of 4 prompts x G=4 on the tiny Qwen. The 2-process launch ends with a run whose reward
+function raises on rank 1, so it exits with an error; the runs before it have written their weights.
 """
 
 import json
@@ -27,12 +27,15 @@ LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 TOLERANCE = 1e-5
 
 
-def launch(nproc: int, out: Path, runs: list[dict]) -> dict:
-    """torchrun --nproc-per-node nproc tests/distributed_worker.py; returns rc, output and seconds."""
+def launch(nproc: int | None, out: Path, runs: list[dict]) -> dict:
+    """torchrun --nproc-per-node nproc tests/distributed_worker.py (nproc None: plain python, no torchrun);
+    returns rc, output and seconds."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("OMP_NUM_THREADS", "1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    command += ["--standalone", str(ROOT / "tests" / "distributed_worker.py"), str(out), json.dumps(runs)]
+    command = [sys.executable]
+    if nproc is not None:
+        command += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone"]
+    command += [str(ROOT / "tests" / "distributed_worker.py"), str(out), json.dumps(runs)]
     started = time.perf_counter()
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
@@ -40,6 +43,11 @@ def launch(nproc: int, out: Path, runs: list[dict]) -> dict:
     except subprocess.TimeoutExpired as expired:
         result = {"rc": None, "output": f"timed out after {LAUNCH_TIMEOUT}s: {expired.stderr}"}
     return {**result, "seconds": time.perf_counter() - started, "out": out}
+
+
+@pytest.fixture(scope="module")
+def plain_python(tmp_path_factory):
+    return launch(None, tmp_path_factory.mktemp("python"), [{"name": "grpo", "config": {"loss_type": "grpo"}}])
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +93,17 @@ def test_two_processes_give_the_weights_of_one(one_process, two_processes, loss_
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
         assert two["completions/min_length"] == one["completions/min_length"]
         assert two["completions/max_length"] == one["completions/max_length"]
+
+
+def test_plain_python_and_torchrun_with_one_or_two_processes_train_the_same_weights(
+    plain_python, one_process, two_processes
+):
+    # one sampling path: every group is sampled from its own seed (seed, step, group), with or without torchrun
+    plain, single, pair = (result(launched, "grpo") for launched in (plain_python, one_process, two_processes))
+    assert [h["step"] for h in plain["history"]] == [1, 2, 3]
+    assert max_difference(plain["weights"], single["weights"]) < TOLERANCE
+    assert max_difference(plain["weights"], pair["weights"]) < TOLERANCE
+    assert [h["reward"] for h in plain["history"]] == pytest.approx([h["reward"] for h in pair["history"]], abs=1e-6)
 
 
 def test_resume_under_two_processes_continues_exactly(two_processes):
@@ -144,7 +163,9 @@ def test_group_seeds_depend_on_seed_step_and_group_only():
 
 def test_outside_torchrun_everything_is_one_process():
     assert not distributed.is_distributed() and distributed.world_size() == 1 and distributed.is_main_process()
-    assert distributed.local_groups([4, 1, 7], seed=0, step=0) == ([4, 1, 7], None)  # plain batched sampling
+    # every group, with the seeds torchrun's ranks would give it
+    assert distributed.local_groups([4, 1, 7], seed=0, step=0) == ([4, 1, 7], distributed.group_seeds(0, 0, range(3)))
+    assert distributed.local_groups([4, 1], seed=0, step=0, first_group=3)[1] == distributed.group_seeds(0, 0, [3, 4])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     assert distributed.step_token_count(mask) == 3.0
     assert distributed.map_shards(lambda part: [x * 2 for x in part], [1, 2, 3]) == [2, 4, 6]

@@ -229,14 +229,6 @@ def _check_finite_weights(modules: dict[str, torch.nn.Module]) -> None:
                 )
 
 
-def read_weights(folder: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Every *.safetensors file of `folder`, as one state dict (unchecked)."""
-    state = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        state.update(load_file(file, device=device))
-    return state
-
-
 def read_adapter_state(model, folder: Path) -> dict[str, torch.Tensor]:
     """A PeftModel's adapter weights from folder/adapter_model.safetensors, checked (every adapter weight there,
     nothing else) but not loaded. Raises CheckpointError for a missing, truncated or garbage file."""
