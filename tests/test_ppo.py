@@ -3,10 +3,12 @@
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
+import minigrpo.ppo
 import minigrpo.trainer
 from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.ppo import (
@@ -22,7 +24,7 @@ from minigrpo.ppo import (
     prompt_share_of_variance,
 )
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
-from minigrpo.trainer import Trainer
+from minigrpo.trainer import NonFiniteError, Trainer
 
 
 # --- GAE ------------------------------------------------------------------------------------------------
@@ -352,3 +354,27 @@ def test_prompt_share_of_variance_by_hand():
     grouped = torch.tensor([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0]])
     assert prompt_share_of_variance(grouped) == pytest.approx(1 - (1 / 3) / (2 / 7))
     assert math.isnan(prompt_share_of_variance(torch.ones(2, 3)))
+
+
+def test_a_ppo_update_that_overflows_stops_with_the_clear_error_and_saves_no_non_finite_weights(
+    tiny, train_dataset, ppo_config
+):
+    # PPO's update shares GRPO's checks (Trainer.backward, Trainer.clip_gradients): an overflow in the backward
+    # pass stops the run before optimizer.step, so no inf or NaN reaches the weights or a checkpoint.
+    trainer = make_trainer(tiny, train_dataset, ppo_config, save_steps=1, critic_warmup_steps=0)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.model.model.norm.weight.register_hook(lambda grad: grad * math.inf)
+    with pytest.raises(NonFiniteError, match=r"^step 1: the gradient norm is (inf|nan) although the loss was finite"):
+        trainer.train()
+    assert trainer.optimizer_steps == 0
+    assert all(torch.equal(p, before[name]) for name, p in trainer.model.named_parameters())
+    assert not list(Path(trainer.config.output_dir).glob("checkpoint-*"))  # nothing saved before step 1
+
+
+def test_a_nan_ppo_loss_stops_before_backward(tiny, train_dataset, ppo_config, monkeypatch):
+    trainer = make_trainer(tiny, train_dataset, ppo_config, critic_warmup_steps=0)
+    real = minigrpo.ppo.clipped_policy_loss
+    monkeypatch.setattr(minigrpo.ppo, "clipped_policy_loss", lambda *a, **k: tuple(x * math.nan for x in real(*a, **k)))
+    with pytest.raises(NonFiniteError, match=r"^step 1: the loss of a micro-batch of \d+ completions is nan"):
+        trainer.train()
+    assert trainer.optimizer_steps == 0
