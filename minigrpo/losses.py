@@ -163,7 +163,7 @@ def grpo_loss(
     if config.beta != 0.0:
         kl = kl_penalty(per_token_logps, ref_per_token_logps, config.kl_estimator)  # (n, T)
         metrics["kl"] = masked_mean(kl.detach(), completion_mask).item()
-        if getattr(config, "use_bias_correction_kl", False):
+        if config.use_bias_correction_kl:
             # TRL's use_bias_correction_kl: weight the KL by the importance ratio (1 in value on-policy, but its
             # gradient rho * grad(k3) + k3 * grad(log pi) is the reverse KL's; plain k3's is the forward KL's).
             kl = kl * ratio  # (n, T)

@@ -20,9 +20,8 @@ import minigrpo.models
 import minigrpo.trainer
 from minigrpo import GRPOTrainer
 from minigrpo.__main__ import main
-from minigrpo.run.checkpoints import STATE_FILE, CheckpointError, checkpoint_step, latest_checkpoint
+from minigrpo.run.checkpoints import METRICS_FILE, STATE_FILE, CheckpointError, checkpoint_step, latest_checkpoint
 from minigrpo.tasks.arithmetic import correctness_reward
-from minigrpo.run.checkpoints import METRICS_FILE
 from minigrpo.trainer import NonFiniteError
 
 

@@ -12,8 +12,8 @@ from minigrpo.logprobs import batched_per_token_logps, per_token_logps
 from minigrpo.models import AdaptersDisabled, is_peft_model, lora_config, set_gradient_checkpointing
 from minigrpo.ppo import PPOConfig, PPOTrainer
 from minigrpo.rollout import sample_group_rollout
-from minigrpo.tasks.arithmetic import correctness_reward
 from minigrpo.run.checkpoints import latest_checkpoint
+from minigrpo.tasks.arithmetic import correctness_reward
 
 # Measured over 30 steps of 16 x 8 (reward, first 5 -> last 5 steps): full 3e-4 0.180 -> 0.250; LoRA r=16 at 3e-4
 # 0.174 -> 0.242, 1e-3 0.189 -> 0.255, 3e-3 0.152 -> 0.208, 1e-2 collapses (0.066 -> 0.008). On the tiny Qwen r=16 is a
