@@ -1,5 +1,6 @@
 """exercises/ is generated from solutions/ (scripts/make_exercises.py) and must not drift from it."""
 
+import importlib
 import importlib.util
 import re
 import shutil
@@ -10,7 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minigrpo.grading import CASES, expected_checks, max_points
+from minigrpo import grading
+from minigrpo.grading import CASES, CHECKS, expected_checks, max_points
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS, EXERCISES = ROOT / "solutions", ROOT / "exercises"
@@ -91,6 +93,22 @@ def test_there_are_at_least_ten_exercises_each_with_a_solution_and_checks():
         assert checks, f"{path.name} calls no check_* from minigrpo.grading"
         used |= set(checks)
     assert used == set(CASES), f"checks no notebook uses: {sorted(set(CASES) - used)}"
+
+
+def test_the_checks_the_solutions_call_are_the_one_registry():
+    """@check (CHECKS: what minigrpo.grading exports), @cases (CASES: what the grader runs), the checks the grader
+    expects of the solutions, the check_x( calls in their cells and the table of minigrpo.grading.cases agree."""
+    called, expected = set(), set()
+    for path in SOLUTION_PATHS:
+        nb = nbformat.read(path, as_version=4)
+        called |= {name for cell in nb.cells for name in re.findall(r"\b(check_\w+)\(", cell.source)}
+        expected |= set(expected_checks(nb))
+    assert called <= set(CHECKS), f"called but not registered with @check: {sorted(called - set(CHECKS))}"
+    assert called == expected == set(CHECKS) == set(CASES)
+    assert all(getattr(grading, name) is CHECKS[name] and name in grading.__all__ for name in CHECKS)
+    docstring = importlib.import_module("minigrpo.grading.cases").__doc__
+    table = docstring[docstring.index("| exercise |") :]
+    assert set(re.findall(r"\bcheck_\w+", table)) == set(CHECKS)
 
 
 @pytest.mark.parametrize("path", SOLUTION_PATHS, ids=lambda p: p.stem)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from minigrpo import grading
-from minigrpo.advantages import group_baseline, group_relative_advantages
+from minigrpo.advantages import group_baseline, group_relative_advantages, zero_std_groups
 from minigrpo.course.kl_gradients import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
 from minigrpo.grading.cases.completion_mask import MISTAKES as MASK_MISTAKES
@@ -202,7 +202,7 @@ CHECKS = {
         lambda ids, eos, pad: (ids != pad).long(),
         "ids != pad_token_id",
     ),
-    "check_keep_informative_groups": (informative_groups, drop_any_equal_pair, "ALL its rewards are equal"),
+    "check_informative_groups": (informative_groups, drop_any_equal_pair, "ALL its rewards are equal"),
     "check_fill_batch": (fill_batch, fill_batch_overshooting, "drop the extra groups"),
 }
 
@@ -269,6 +269,16 @@ def test_a_completion_mask_of_bools_or_floats_earns_full_marks_and_the_package_s
     assert grading.check_completion_mask(lambda ids, eos, pad: _mask_before_first(ids, eos).float()).passed
     result = grading.check_completion_mask(lambda ids, eos, pad: completion_mask_from_eos(ids, eos)[0])
     assert result.points == 0 and "completion_mask_from_eos" in capsys.readouterr().out
+
+
+def test_the_package_s_dynamic_sampling_earns_none(capsys):
+    """Exercise 14's learner function has the package's name, informative_groups: passing the package's own (or
+    the zero_std_groups it negates) earns 0, and so does a refill loop built on it."""
+    assert grading.check_informative_groups(informative_groups).points == 0
+    assert grading.check_informative_groups(lambda grouped: ~zero_std_groups(grouped)).points == 0
+    assert grading.check_fill_batch(fill_batch).points == 0
+    out = capsys.readouterr().out
+    assert "minigrpo.dynamic_sampling.informative_groups" in out and "minigrpo.advantages.zero_std_groups" in out
 
 
 # --- errors, timeouts, records ------------------------------------------------------------

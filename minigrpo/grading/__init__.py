@@ -18,8 +18,8 @@ in `minigrpo.grading.runner`).
 
 | module | job |
 | --- | --- |
-| framework | cases and points, run_check / evaluate, comparisons with hints, time limits |
-| cases/ | the cases of each exercise's checks, one module per exercise, `@cases("check_x", references=[...])` |
+| framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
+| cases/ | one module per exercise: `@cases("check_x", references=[...])` its cases, `@check` the check_x it exports |
 | labs | short runs of the tiny Qwen: the reference GRPO step, the planted-bug trainer of exercise 10 |
 | references | is the learner's function the package's own solution (the object, and the notebook's source)? |
 | remote | the learner's function called in its kernel: arguments in, plain data out |
@@ -28,35 +28,12 @@ in `minigrpo.grading.runner`).
 | runner | `python -m minigrpo grade PATH`: execute notebooks, judge their checks, print the scores |
 """
 
-from minigrpo.grading.cases import (
-    WORKED_EXAMPLE_LENGTHS,
-    check_aggregate_loss,
-    check_clip_fractions,
-    check_clipped_surrogate,
-    check_completion_mask,
-    check_compute_gae,
-    check_extract_answer,
-    check_failure_modes,
-    check_fill_batch,
-    check_graded_reward,
-    check_group_relative_advantages,
-    check_grpo_step,
-    check_importance_ratio,
-    check_keep_informative_groups,
-    check_kl_directions,
-    check_kl_k3,
-    check_kl_loss_gradient,
-    check_masked_mean,
-    check_per_token_logps,
-    check_reward_hacking,
-    check_rloo_advantages,
-    check_step_one_loss,
-    check_worked_example_step_one_loss,
-    step_one_loss,
-)
+from minigrpo.grading import cases as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
+from minigrpo.grading.cases.step_one_loss import WORKED_EXAMPLE_LENGTHS, step_one_loss
 from minigrpo.grading.framework import (
     CASE_TIMEOUT_S,
     CASES,
+    CHECKS,
     GRADED,
     GRADING_RUN_ENV,
     REFERENCES,
@@ -68,6 +45,7 @@ from minigrpo.grading.framework import (
     Mismatch,
     NoAnswer,
     cases,
+    check,
     evaluate,
     expect_close,
     expect_equal,
@@ -105,9 +83,12 @@ from minigrpo.grading.runner import (
     grade_notebooks,
 )
 
+globals().update(CHECKS)  # every registered check, by its name: `from minigrpo.grading import check_x`
+
 __all__ = [
     "BUGS",
     "CASES",
+    "CHECKS",
     "CASE_TIMEOUT_S",
     "DIAGNOSTICS",
     "GRADED",
@@ -127,29 +108,8 @@ __all__ = [
     "REFERENCES",
     "accept_records",
     "cases",
+    "check",
     "check_calls",
-    "check_aggregate_loss",
-    "check_clip_fractions",
-    "check_clipped_surrogate",
-    "check_completion_mask",
-    "check_compute_gae",
-    "check_extract_answer",
-    "check_failure_modes",
-    "check_fill_batch",
-    "check_graded_reward",
-    "check_group_relative_advantages",
-    "check_grpo_step",
-    "check_importance_ratio",
-    "check_kl_directions",
-    "check_keep_informative_groups",
-    "check_kl_k3",
-    "check_kl_loss_gradient",
-    "check_masked_mean",
-    "check_per_token_logps",
-    "check_reward_hacking",
-    "check_rloo_advantages",
-    "check_step_one_loss",
-    "check_worked_example_step_one_loss",
     "collect",
     "diagnostics_table",
     "evaluate",
@@ -174,4 +134,5 @@ __all__ = [
     "step_one_loss",
     "tiny_model_and_tokenizer",
     "value_and_gradient",
+    *CHECKS,  # check_x, every check a notebook calls
 ]

@@ -8,11 +8,16 @@ returns the result. It never raises because of the learner's code: an
 exception, or a case running past its time limit, is a failed case that shows
 the exception's last traceback line.
 
-Case lists are registered by name with a decorator, in one module per
-exercise (`minigrpo.grading.cases`)::
+Each check is registered by name, in one module per exercise
+(`minigrpo.grading.cases`): its list of cases with `@cases`, and the function a
+notebook calls with `@check` (`minigrpo.grading` exports every one of them)::
 
     @cases("check_kl_k3", references=[kl_penalty])
     def kl_cases() -> list[Case]: ...
+
+    @check
+    def check_kl_k3(kl_k3: Callable) -> CheckResult:
+        return run_check("check_kl_k3", kl_k3)
 
 Where the points come from
 --------------------------
@@ -135,6 +140,8 @@ REFERENCES: dict[str, tuple] = {}
 """check name -> the package's own solutions of that exercise: a learner's function that is one earns nothing."""
 GRADED: dict[str, object] = {}
 """check name -> what the notebook last passed to that check: the function the grader's judge calls."""
+CHECKS: dict[str, Callable[[Callable], CheckResult]] = {}
+"""check name -> the check_x function a notebook calls: `from minigrpo.grading import check_x`."""
 
 
 def cases(name: str, references: Sequence = ()):
@@ -146,6 +153,15 @@ def cases(name: str, references: Sequence = ()):
         return builder
 
     return register
+
+
+def check(function: Callable[[Callable], CheckResult]) -> Callable[[Callable], CheckResult]:
+    """Register the check_x function a notebook calls (its cases: `@cases("check_x")`): `@check def check_x(...)`."""
+    name = function.__name__
+    if not name.startswith("check_") or name in CHECKS:
+        raise ValueError(f"@check {name}: a check's name starts with 'check_' and is registered once.")
+    CHECKS[name] = function
+    return function
 
 
 # --- running cases ------------------------------------------------------------------

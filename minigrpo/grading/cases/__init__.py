@@ -1,4 +1,8 @@
-"""The cases of every check, one module per exercise; importing this package registers them all in CASES.
+"""The cases of every check, one module per exercise; importing this package registers them all.
+
+Each module registers its checks' cases (`@cases("check_x")`, in framework.CASES) and the check_x functions the
+notebooks call (`@check`, in framework.CHECKS, which `minigrpo.grading` exports by name). A new exercise is a new
+module here, imported below, and a row in this table.
 
 | exercise | module | checks |
 | --- | --- | --- |
@@ -15,52 +19,22 @@
 | 11 | completion_mask | check_completion_mask |
 | 12 | off_policy | check_importance_ratio, check_clip_fractions |
 | 13 | kl_gradient | check_kl_loss_gradient, check_kl_directions |
-| 14 | dynamic_sampling | check_keep_informative_groups, check_fill_batch |
+| 14 | dynamic_sampling | check_informative_groups, check_fill_batch |
 """
 
-from minigrpo.grading.cases.advantages import check_group_relative_advantages, check_rloo_advantages
-from minigrpo.grading.cases.aggregation import check_aggregate_loss
-from minigrpo.grading.cases.completion_mask import check_completion_mask
-from minigrpo.grading.cases.dynamic_sampling import check_fill_batch, check_keep_informative_groups
-from minigrpo.grading.cases.failure_modes import check_failure_modes
-from minigrpo.grading.cases.gae import check_compute_gae
-from minigrpo.grading.cases.grpo_step import check_grpo_step
-from minigrpo.grading.cases.kl import check_kl_k3
-from minigrpo.grading.cases.kl_gradient import check_kl_directions, check_kl_loss_gradient
-from minigrpo.grading.cases.logprobs import check_masked_mean, check_per_token_logps
-from minigrpo.grading.cases.off_policy import check_clip_fractions, check_importance_ratio
-from minigrpo.grading.cases.rewards import check_extract_answer, check_graded_reward, check_reward_hacking
-from minigrpo.grading.cases.step_one_loss import (
-    WORKED_EXAMPLE_LENGTHS,
-    check_step_one_loss,
-    check_worked_example_step_one_loss,
+from minigrpo.grading.cases import (  # noqa: F401 (imported to register their checks)
+    advantages,
+    aggregation,
+    completion_mask,
+    dynamic_sampling,
+    failure_modes,
+    gae,
+    grpo_step,
+    kl,
+    kl_gradient,
+    logprobs,
+    off_policy,
+    rewards,
     step_one_loss,
+    surrogate,
 )
-from minigrpo.grading.cases.surrogate import check_clipped_surrogate
-
-__all__ = [
-    "WORKED_EXAMPLE_LENGTHS",
-    "check_aggregate_loss",
-    "check_clip_fractions",
-    "check_clipped_surrogate",
-    "check_completion_mask",
-    "check_compute_gae",
-    "check_extract_answer",
-    "check_failure_modes",
-    "check_fill_batch",
-    "check_graded_reward",
-    "check_group_relative_advantages",
-    "check_grpo_step",
-    "check_importance_ratio",
-    "check_kl_directions",
-    "check_keep_informative_groups",
-    "check_kl_k3",
-    "check_kl_loss_gradient",
-    "check_masked_mean",
-    "check_per_token_logps",
-    "check_reward_hacking",
-    "check_rloo_advantages",
-    "check_step_one_loss",
-    "check_worked_example_step_one_loss",
-    "step_one_loss",
-]

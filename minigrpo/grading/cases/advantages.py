@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from minigrpo import advantages as reference
-from minigrpo.grading.framework import Case, CheckResult, cases, expect_close, run_check, seeded
+from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, run_check, seeded
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS
 
 
@@ -102,11 +102,13 @@ def _rloo_cases() -> list[Case]:
     ]
 
 
+@check
 def check_group_relative_advantages(group_relative_advantages: Callable) -> CheckResult:
     """Exercise 02: group_relative_advantages(grouped_rewards (B, G), eps) -> (B, G)."""
     return run_check("check_group_relative_advantages", group_relative_advantages)
 
 
+@check
 def check_rloo_advantages(rloo_advantages: Callable) -> CheckResult:
     """Exercise 02: rloo_advantages(grouped_rewards (B, G)) -> (B, G)."""
     return run_check("check_rloo_advantages", rloo_advantages)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, run_check
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, run_check
 from minigrpo.grading.labs import BUGS, MYSTERY_RUNS, NO_BUG
 
 ANSWERS = (*BUGS, NO_BUG)
@@ -41,6 +41,7 @@ def _failure_mode_cases() -> list[Case]:
     return [Case(f"mystery run {run}", 1, diagnosis(run)) for run in MYSTERY_RUNS]
 
 
+@check
 def check_failure_modes(diagnose: Callable[[], dict]) -> CheckResult:
     """Exercise 10: diagnose() -> {'A': answer, ..., 'E': answer}, each a key of BUGS or "none" (NO_BUG)."""
     return run_check("check_failure_modes", diagnose)

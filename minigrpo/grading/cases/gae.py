@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from minigrpo.grading.framework import Case, CheckResult, cases, expect_close, random_mask, run_check, seeded
+from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, random_mask, run_check, seeded
 from minigrpo.ppo import compute_gae as reference
 
 
@@ -108,6 +108,7 @@ def _gae_cases() -> list[Case]:
     ]
 
 
+@check
 def check_compute_gae(compute_gae: Callable) -> CheckResult:
     """Exercise 07: compute_gae(rewards, values, mask, gamma, lam) -> (advantages, returns), all (N, T)."""
     return run_check("check_compute_gae", compute_gae)

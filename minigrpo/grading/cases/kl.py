@@ -12,6 +12,7 @@ from minigrpo.grading.framework import (
     CheckResult,
     Mismatch,
     cases,
+    check,
     expect_close,
     run_check,
     seeded,
@@ -77,6 +78,7 @@ def _kl_cases() -> list[Case]:
     ]
 
 
+@check
 def check_kl_k3(kl_k3: Callable) -> CheckResult:
     """Exercise 05: kl_k3(per_token_logps (N, T), ref_per_token_logps (N, T)) -> (N, T)."""
     return run_check("check_kl_k3", kl_k3)

@@ -14,7 +14,7 @@ from minigrpo.course.kl_gradients import (
     expected_kl_loss_gradient,
     per_sample_kl_losses,
 )
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, expect_close, run_check, seeded
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_close, run_check, seeded
 
 # pi_theta = (1/2, 1/2), pi_ref = (1/4, 3/4): lesson 04's hand example
 HALVES = torch.log(torch.tensor([0.5, 0.5], dtype=torch.float64))
@@ -109,6 +109,7 @@ def _kl_loss_gradient_cases() -> list[Case]:
     ]
 
 
+@check
 def check_kl_loss_gradient(kl_loss_gradient: Callable) -> CheckResult:
     """Exercise 13: kl_loss_gradient(estimator, logits (V,), ref_logits (V,)) -> E_{x ~ pi_theta}[grad loss(x)] (V,)."""
     return run_check("check_kl_loss_gradient", kl_loss_gradient)
@@ -140,6 +141,7 @@ def _kl_direction_cases() -> list[Case]:
     return [Case(f"which KL the {name} loss follows", 0.5, direction(name)) for name in KL_LOSSES]
 
 
+@check
 def check_kl_directions(kl_directions: Callable[[], dict]) -> CheckResult:
     """Exercise 13: kl_directions() -> {'k1': d, 'k2': d, 'k3': d, 'rho_k3': d}, d: 'reverse', 'forward' or 'none'."""
     return run_check("check_kl_directions", kl_directions)

@@ -11,6 +11,7 @@ from minigrpo.grading.framework import (
     CheckResult,
     Mismatch,
     cases,
+    check,
     expect_close,
     random_mask,
     run_check,
@@ -161,11 +162,13 @@ def _logps_cases() -> list[Case]:
     ]
 
 
+@check
 def check_masked_mean(masked_mean: Callable) -> CheckResult:
     """Exercise 03: masked_mean(values (N, T), mask (N, T), dim=None) -> scalar or (N,)."""
     return run_check("check_masked_mean", masked_mean)
 
 
+@check
 def check_per_token_logps(per_token_logps_from_logits: Callable) -> CheckResult:
     """Exercise 03: per_token_logps_from_logits(logits (N, L, V), input_ids (N, L), T) -> (N, T)."""
     return run_check("check_per_token_logps", per_token_logps_from_logits)

@@ -19,6 +19,7 @@ from minigrpo.grading.framework import (
     CheckResult,
     Mismatch,
     cases,
+    check,
     expect_close,
     random_mask,
     run_check,
@@ -249,11 +250,13 @@ def _clip_cases() -> list[Case]:
     ]
 
 
+@check
 def check_importance_ratio(importance_ratio: Callable) -> CheckResult:
     """Exercise 12: importance_ratio(per_token_logps (N, T), old_per_token_logps (N, T)) -> (N, T)."""
     return run_check("check_importance_ratio", importance_ratio)
 
 
+@check
 def check_clip_fractions(clip_fractions: Callable) -> CheckResult:
     """Exercise 12: clip_fractions(ratio (N, T), advantages (N,), completion_mask (N, T), epsilon_low, epsilon_high)
     -> {"clip_ratio/low_mean": float, "clip_ratio/high_mean": float, "clip_ratio/region_mean": float}."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, expect_equal, run_check
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_equal, run_check
 from minigrpo.tasks import arithmetic
 
 _EXTRACT_HINT = (
@@ -135,16 +135,19 @@ def _reward_hacking_cases() -> list[Case]:
     ]
 
 
+@check
 def check_extract_answer(extract_answer: Callable[[str], int | None]) -> CheckResult:
     """Exercise 01: extract_answer(text) -> int | None, against minigrpo.tasks.arithmetic.extract_answer."""
     return run_check("check_extract_answer", extract_answer)
 
 
+@check
 def check_graded_reward(graded_reward: Callable) -> CheckResult:
     """Exercise 01: the 2/1/0 reward with TRL's signature, against minigrpo.tasks.arithmetic.graded_reward."""
     return run_check("check_graded_reward", graded_reward)
 
 
+@check
 def check_reward_hacking(graded_reward: Callable) -> CheckResult:
     """Exercise 01: hedging (several tags) and spam must not be rewarded; the honest answer still gets 2."""
     return run_check("check_reward_hacking", graded_reward)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.advantages import group_relative_advantages
-from minigrpo.grading.framework import Case, CheckResult, cases, expect_close, run_check, seeded
+from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, run_check, seeded
 from minigrpo.grading.labs import (
     reference_grpo_steps,
     seeded_rollout,
@@ -126,11 +126,13 @@ def _worked_step_one_cases() -> list[Case]:
     return [Case("your number for the worked example's dapo loss at step 1 (tolerance 1e-4)", 2, run)]
 
 
+@check
 def check_step_one_loss(predicted_step_one_loss: Callable) -> CheckResult:
     """Exercise 09: predicted_step_one_loss(advantages (N,), lengths (N,), loss_type, max_completion_length)."""
     return run_check("check_step_one_loss", predicted_step_one_loss)
 
 
+@check
 def check_worked_example_step_one_loss(worked_example_dapo_loss: Callable[[], float]) -> CheckResult:
     """Exercise 09: a number, the dapo loss at step 1 of the worked example (lengths WORKED_EXAMPLE_LENGTHS)."""
     return run_check("check_worked_example_step_one_loss", worked_example_dapo_loss)

@@ -11,6 +11,7 @@ from minigrpo.grading.framework import (
     CheckResult,
     Mismatch,
     cases,
+    check,
     expect_close,
     run_check,
     seeded,
@@ -100,6 +101,7 @@ def _surrogate_cases() -> list[Case]:
     ]
 
 
+@check
 def check_clipped_surrogate(clipped_surrogate: Callable) -> CheckResult:
     """Exercise 04: clipped_surrogate(ratio (N, T), advantages (N,), epsilon_low, epsilon_high) -> (N, T)."""
     return run_check("check_clipped_surrogate", clipped_surrogate)
