@@ -1,10 +1,10 @@
-"""DAPO's dynamic sampling: the filter, the refill loop, rollouts joined across rounds, the trainer that uses them."""
+"""DAPO's dynamic sampling: the filter, the refill loop, rollouts cut and joined across rounds, the trainer."""
 
 import pytest
 import torch
 
-from minigrpo import GRPOConfig, GRPOTrainer
-from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, informative_groups, kept_rows
+from minigrpo import GRPOConfig, GRPOTrainer, group_relative_advantages, grpo_loss
+from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, informative_groups, kept_rows, select_completions
 from minigrpo.rollout import Rollout
 from minigrpo.run.schedule import PromptSampler
 
@@ -37,6 +37,33 @@ def test_informative_groups_drops_only_all_equal_groups():
     assert informative_groups(torch.tensor([[1.0, 1.0, 0.0]])).tolist() == [True]
     with pytest.raises(AssertionError):
         informative_groups(FOUR_GROUPS.flatten())
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_filtering_zero_std_groups_only_rescales_the_gradient(loss_type):
+    """beta = 0: dropped groups have A = 0, so the kept rows' gradient is the full one times
+    N / n_kept (grpo: mean over completions) or tokens / kept tokens (dapo: mean over tokens)."""
+    torch.manual_seed(0)
+    B, G, T = FOUR_GROUPS.shape[0], FOUR_GROUPS.shape[1], 5
+    config = GRPOConfig(num_generations=G, prompts_per_step=B, per_device_train_batch_size=B * G)
+    config = config.replace(beta=0.0, loss_type=loss_type)
+    advantages = group_relative_advantages(FOUR_GROUPS).flatten()  # (N,)
+    lengths = torch.randint(1, T + 1, (B * G,))
+    mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).long()  # (N, T)
+    rows = informative_groups(FOUR_GROUPS).repeat_interleave(G)  # (N,)
+
+    def gradient(logps, adv, m):
+        logps = logps.clone().requires_grad_(True)
+        loss, _ = grpo_loss(logps, None, None, adv, m, config)
+        loss.backward()
+        return logps.grad
+
+    logps = torch.randn(B * G, T)
+    full = gradient(logps, advantages, mask)
+    kept = gradient(logps[rows], advantages[rows], mask[rows])
+    assert full[~rows].abs().max() == 0  # zero-advantage groups contribute nothing
+    scale = rows.numel() / rows.sum() if loss_type == "grpo" else mask.sum() / mask[rows].sum()
+    torch.testing.assert_close(kept, full[rows] * scale, atol=1e-6, rtol=1e-5)
 
 
 # --- the refill loop ------------------------------------------------------------------
@@ -79,7 +106,7 @@ def test_kept_rows_marks_the_completions_of_kept_groups():
     assert not kept_rows([(0, 1)], round_index=2, num_groups=2, num_generations=2).any()
 
 
-# --- rollouts of several rounds as one ------------------------------------------------
+# --- the kept rows of a rollout, rollouts of several rounds as one --------------------
 def _rollout(n, P, T, start, with_ref=True):
     prompt_mask = torch.ones(n, P, dtype=torch.long)
     prompt_mask[0, 0] = 0  # the first prompt is left-padded
@@ -105,6 +132,33 @@ def test_concat_rollouts_pads_prompts_left_and_completions_right():
     assert joined.is_truncated.tolist() == [True, False, True]
     assert joined.completions == ["100-0", "100-1", "200-0"]
     assert joined.completion_id_lists() == [[100, 101, 102], [103, 104, 105], [200]]
+
+
+def _four_rows(N=4, P=3, T=2, with_logps=True):
+    logps = torch.arange(N * T, dtype=torch.float32).view(N, T) if with_logps else None
+    return Rollout(
+        prompt_ids=torch.arange(N * P).view(N, P),
+        prompt_mask=torch.ones(N, P, dtype=torch.long),
+        completion_ids=torch.arange(N * T).view(N, T),
+        completion_mask=torch.ones(N, T, dtype=torch.long),
+        is_truncated=torch.tensor([False, True, False, True])[:N],
+        completions=[f"c{i}" for i in range(N)],
+        old_per_token_logps=logps,
+        ref_per_token_logps=None,
+    )
+
+
+def test_select_completions_keeps_the_chosen_rows_in_order():
+    rows = torch.tensor([False, True, False, True])
+    picked = select_completions(_four_rows(), rows)
+    assert picked.completions == ["c1", "c3"]
+    assert picked.prompt_ids.tolist() == [[3, 4, 5], [9, 10, 11]]
+    assert picked.completion_ids.tolist() == [[2, 3], [6, 7]]
+    assert picked.old_per_token_logps.tolist() == [[2.0, 3.0], [6.0, 7.0]]
+    assert picked.ref_per_token_logps is None
+    assert picked.is_truncated.tolist() == [True, True]
+    with pytest.raises(AssertionError):
+        select_completions(_four_rows(), torch.tensor([0, 1, 0, 1]))
 
 
 # --- the config -----------------------------------------------------------------------

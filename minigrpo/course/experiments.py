@@ -11,10 +11,10 @@ Nothing here is part of GRPO itself:
   a chosen call, to interrupt a run for real and resume it.
 
 The rest of what lessons 06-07 use lives with its concern:
-``minigrpo.course.variants`` (VARIANTS, variant_config, config_diff, DAPO's
-dynamic-sampling filter and DynamicSamplingGRPOTrainer,
-per_token_gradient_weights), ``minigrpo.tasks.reward_hacking`` (rewards that
-can be gamed) and ``minigrpo.course.plots.plot_variant_comparison`` (the figure).
+``minigrpo.course.variants`` (VARIANTS, variant_config, config_diff,
+per_token_gradient_weights), ``minigrpo.dynamic_sampling`` (DAPO's filter and
+refill), ``minigrpo.tasks.reward_hacking`` (rewards that can be gamed) and
+``minigrpo.course.plots.plot_variant_comparison`` (the figure).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import functools
 from collections.abc import Callable, Sequence
 
 from minigrpo.config import GRPOConfig
-from minigrpo.course.variants import DynamicSamplingGRPOTrainer
 from minigrpo.trainer import GRPOTrainer
 
 
@@ -41,8 +40,8 @@ def train_short_run(
 
     Defaults: 2000 training sums, `eval_size` held-out sums (0: no evaluation),
     rewards [correctness, format] (weight them with config.reward_weights, for
-    example tasks.arithmetic.REWARD_WEIGHTS). `dynamic_sampling` trains a
-    variants.DynamicSamplingGRPOTrainer. Every call starts from the same
+    example tasks.arithmetic.REWARD_WEIGHTS). `dynamic_sampling` switches on
+    DAPO's refill (config.dynamic_sampling). Every call starts from the same
     weights, so runs differ only by their config, and replaces an earlier
     run in config.output_dir (overwrite_output_dir=True).
     """
@@ -54,10 +53,9 @@ def train_short_run(
     train_dataset = train_dataset if train_dataset is not None else make_arithmetic_dataset(2000, "train")
     if eval_dataset is None and eval_size > 0:
         eval_dataset = make_arithmetic_dataset(eval_size, "test")
-    trainer_cls = DynamicSamplingGRPOTrainer if dynamic_sampling else GRPOTrainer
     # A short run is an experiment to repeat (a notebook re-run): it replaces an earlier run in its output_dir.
-    config = config.replace(overwrite_output_dir=True)
-    trainer = trainer_cls(model, reward_funcs, config, train_dataset, eval_dataset, processing_class=tokenizer)
+    config = config.replace(overwrite_output_dir=True, dynamic_sampling=dynamic_sampling or config.dynamic_sampling)
+    trainer = GRPOTrainer(model, reward_funcs, config, train_dataset, eval_dataset, processing_class=tokenizer)
     trainer.train()
     return trainer
 

@@ -4,13 +4,12 @@ Dr. GRPO, DAPO, GSPO and RLOO are not new algorithms to this package: each is
 a handful of GRPOConfig fields (the loss normaliser, the clip range, the
 ratio's level, the baseline). ``VARIANTS`` names those fields. DAPO's
 dynamic sampling is a field too (``dynamic_sampling=True``), but it changes
-the loop rather than the loss: it lives in ``minigrpo.dynamic_sampling``.
+the loop rather than the loss: the filter and the refill loop are
+``minigrpo.dynamic_sampling``'s ``informative_groups`` and ``fill_batch``, and
+``GRPOTrainer.collect_informative_rollout`` runs them.
 
 - ``Variant`` / ``VARIANTS`` / ``variant_config`` / ``config_diff``: the
   variants, and what each changes.
-- ``dynamic_sampling_mask`` / ``select_completions`` /
-  ``DynamicSamplingGRPOTrainer``: DAPO's filter and refill, re-exported
-  under the names lesson 07 uses.
 - ``per_token_gradient_weights``: the weight each ``loss_type`` gives one
   token, read off autograd, which is where Dr. GRPO and DAPO differ from GRPO.
 
@@ -25,9 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minigrpo.config import GRPOConfig
-from minigrpo.dynamic_sampling import informative_groups, select_completions  # noqa: F401 (re-exported)
 from minigrpo.losses import aggregate_loss
-from minigrpo.trainer import GRPOTrainer
 
 
 # --- the variants, as config fields ------------------------------------------------
@@ -95,27 +92,3 @@ def per_token_gradient_weights(
     loss = aggregate_loss(per_token_loss, completion_mask, loss_type, max_completion_length)
     (weights,) = torch.autograd.grad(loss, per_token_loss)
     return weights  # (N, T)
-
-
-# --- DAPO's dynamic sampling (minigrpo.dynamic_sampling) ------------------------------
-def dynamic_sampling_mask(grouped_rewards: torch.Tensor) -> torch.Tensor:
-    """(B, G) rewards -> (B,) bool: True for the groups DAPO keeps (rewards not all equal).
-
-    A group whose G rewards are equal has advantages exactly 0. With beta = 0
-    its completions add nothing to the policy gradient, only to the loss's
-    normaliser (completions for "grpo", tokens for "dapo"): dropping them
-    rescales the gradient of the rest, which AdamW all but ignores. With
-    beta > 0 they still carry the KL term. What DAPO (arXiv 2503.14476,
-    section 3.2) gains is the refill: more prompts are sampled until the
-    batch holds B groups that carry signal (GRPOConfig(dynamic_sampling=True)).
-    """
-    return informative_groups(grouped_rewards)
-
-
-class DynamicSamplingGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer with DAPO's dynamic sampling switched on: the same as GRPOTrainer with
-    ``args.replace(dynamic_sampling=True)`` (see dynamic_sampling.collect_informative_rollout)."""
-
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *more, **kwargs):
-        args = (args if args is not None else self.config_class()).replace(dynamic_sampling=True)
-        super().__init__(model, reward_funcs, args, *more, **kwargs)

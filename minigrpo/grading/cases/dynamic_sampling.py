@@ -7,13 +7,12 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.advantages import zero_std_groups
-from minigrpo.course.variants import dynamic_sampling_mask
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, run_check, seeded
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, run_check, seeded
 
 # the worked example, all right, all wrong, one lucky success (G = 8)
 FOUR_GROUPS = [[2.0, 1, 0, 2, 0, 1, 0, 1], [2.0] * 8, [0.0] * 8, [1.0] * 7 + [2.0]]
-FILTERS = [informative_groups, dynamic_sampling_mask, zero_std_groups]
+FILTERS = [informative_groups, zero_std_groups]  # the package's filter, and the test it negates
 
 
 # --- the filter ---------------------------------------------------------------------------
@@ -55,7 +54,7 @@ def _expect_mask(got, grouped: torch.Tensor, what: str) -> None:
     raise Mismatch(f"{what}: expected {want.tolist()}, got {got.tolist()}. Keep group b when max(r_b) != min(r_b).")
 
 
-@cases("check_keep_informative_groups", references=FILTERS)
+@cases("check_informative_groups", references=FILTERS)
 def _filter_cases() -> list[Case]:
     def hand(learner):
         grouped = torch.tensor(FOUR_GROUPS)
@@ -76,9 +75,10 @@ def _filter_cases() -> list[Case]:
     ]
 
 
-def check_keep_informative_groups(keep_informative_groups: Callable) -> CheckResult:
-    """Exercise 14: keep_informative_groups(grouped_rewards (B, G)) -> (B,) bool."""
-    return run_check("check_keep_informative_groups", keep_informative_groups)
+@check
+def check_informative_groups(informative_groups: Callable) -> CheckResult:
+    """Exercise 14: informative_groups(grouped_rewards (B, G)) -> (B,) bool."""
+    return run_check("check_informative_groups", informative_groups)
 
 
 # --- the refill loop ----------------------------------------------------------------------
@@ -163,6 +163,7 @@ def _fill_cases() -> list[Case]:
     ]
 
 
+@check
 def check_fill_batch(fill_batch: Callable) -> CheckResult:
     """Exercise 14: fill_batch(generate_round, num_groups_wanted, max_rounds) -> (kept [(round, group)], rounds)."""
     return run_check("check_fill_batch", fill_batch)
