@@ -69,7 +69,7 @@ except ImportError:  # older layout
 PRESETS = {
     "t4": GRPOConfig.qwen_t4,
     "lora-t4": GRPOConfig.qwen1_5b_lora_t4,
-    "default": GRPOConfig,
+    "default": GRPOConfig,  # the bare defaults: TRL's
     "tiny": GRPOConfig.tiny_cpu,
 }
 QWEN_1_5B_SHAPE = "qwen1.5b-shape"

@@ -1,22 +1,16 @@
 """GRPOConfig: every knob of a GRPO run in one flat dataclass.
 
-Field names follow TRL's ``GRPOConfig`` wherever TRL has one, so that a learner
-who moves to TRL recognises them. The algorithm's defaults follow the DeepSeekMath
-paper (Shao et al., 2024, arXiv 2402.03300, section 4.2) where it states a value,
-*not* TRL's moving defaults; the sizes (G, lengths) are CPU-friendly, and the
-presets (tiny_cpu, qwen_t4) set the run lengths and batches:
-
-| field                  | minigrpo | DeepSeekMath      | TRL 1.16 default | what differs                              |
-| ---------------------- | -------- | ----------------- | ---------------- | ----------------------------------------- |
-| beta                   | 0.04     | 0.04              | 0.0              | TRL drops the KL term (and the ref model) |
-| loss_type              | "grpo"   | per-sequence mean | "dapo"           | per-sequence mean vs token-level mean     |
-| scale_rewards          | "group"  | group std         | "group"          | (TRL: a bool before 0.20)                 |
-| learning_rate          | 1e-6     | 1e-6              | 1e-6             |                                           |
-| num_iterations         | 1        | 1 (one update)    | 1                |                                           |
-| num_generations        | 8        | 64                | 8                | 8 keeps a step small on a CPU or T4       |
-| max_completion_length  | 64       | 1024              | 512              | the arithmetic answers are short          |
-| epsilon                | 0.2      | (not stated)      | 0.2              | PPO's customary clip range                |
-| use_bias_correction_kl | (no)     | (no)              | True             | TRL multiplies the KL by the ratio        |
+Field names, meanings and defaults follow TRL's ``GRPOConfig`` (the version pinned
+in the test extra, 1.16), so ``GRPOConfig()`` trains what ``trl.GRPOConfig()``
+trains and a TRL script means the same thing here. TRL's defaults are not the
+paper's, and they have moved between releases (beta 0.04 -> 0.0, loss_type
+"grpo" -> "bnpo" -> "dapo", constant -> linear learning rate): the paper's
+values live in a named preset instead, ``GRPOConfig.deepseekmath()``, and the
+course's presets (tiny_cpu, qwen_t4, qwen1_5b_lora_t4) start from it. Every
+preset sets every field in ``TRAINING_FIELDS`` (what decides which samples are
+drawn and how the weights are updated), so a change of a bare default never
+moves a preset's run. ``DIFFERING_DEFAULTS`` lists the few fields whose
+default is minigrpo's own, each with its reason (the README prints the table).
 
 Notation (used everywhere in the package): B prompts per step, G =
 num_generations completions per prompt, N = B * G completions, T completion
@@ -70,15 +64,16 @@ RESUME_FREE_FIELDS = (
 @refuse_unknown_fields
 @dataclass
 class GRPOConfig:
-    """Hyper-parameters of a GRPO run: TRL's names; DeepSeekMath's values where the paper states one, CPU-friendly
-    sizes otherwise (G = 8, not the paper's 64; see the table in the module docstring)."""
+    """Hyper-parameters of a GRPO run: TRL's names, meanings and defaults (the module docstring says where they
+    differ and why). The paper's algorithm: GRPOConfig.deepseekmath(); the course's runs: tiny_cpu(), qwen_t4()."""
 
     # --- the group -------------------------------------------------------------
     num_generations: int = 8
-    """G, completions sampled per prompt. At least 2 (a group of one has no baseline). Typical 4-16; DeepSeekMath
-    sampled 64, minigrpo's 8 (TRL's default too) keeps a step affordable on a CPU or a T4."""
-    per_device_train_batch_size: int = 32
-    """Completions per micro-batch (per process) in the update, as in TRL. Smaller saves memory, same gradient."""
+    """G, completions sampled per prompt (TRL's 8). At least 2 (a group of one has no baseline). Typical 4-16;
+    DeepSeekMath sampled 64, and 8 keeps a step affordable on a CPU or a T4."""
+    per_device_train_batch_size: int = 8
+    """Completions per micro-batch (per process) in the update, as in TRL. Smaller saves memory, same gradient.
+    Without prompts_per_step it also sizes the generation (TRL's rule: 8 completions = one prompt x G=8)."""
     gradient_accumulation_steps: int | None = None
     """Micro-batches per optimizer step (TRL's meaning). None: one optimizer step per generation when B is
     given as prompts_per_step, else 1 (TRL's default)."""
@@ -94,8 +89,9 @@ class GRPOConfig:
     # --- sampling ----------------------------------------------------------------
     max_prompt_length: int = 256
     """Longest prompt in tokens; longer prompts are an error (raise it or shorten the prompt)."""
-    max_completion_length: int = 64
-    """T_max, new tokens per completion. Also Dr. GRPO's constant normaliser. Typical 32-1024."""
+    max_completion_length: int = 512
+    """T_max, new tokens per completion. Also Dr. GRPO's constant normaliser. Typical 32-1024 (the course's
+    arithmetic answers need 24-128)."""
     temperature: float = 1.0
     """Sampling temperature; log-probs are computed at the same temperature (as TRL does)."""
     top_p: float = 1.0
@@ -120,8 +116,8 @@ class GRPOConfig:
     """eps in (r - mean) / (std + eps); keeps near-constant groups from blowing up."""
 
     # --- objective (stage 4) -----------------------------------------------------
-    beta: float = 0.04
-    """KL coefficient. 0 disables the KL term and the reference model is never loaded."""
+    beta: float = 0.0
+    """KL coefficient (DeepSeekMath 0.04; TRL 0.0). 0 disables the KL term and the reference model is never loaded."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """Per-token KL estimator (Schulman, 'Approximating KL'); k3 is DeepSeekMath's."""
     epsilon: float = 0.2
@@ -130,8 +126,9 @@ class GRPOConfig:
     """Upper clip range (DAPO's clip-higher, e.g. 0.28); None means the same as epsilon."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """'token': one ratio per token (GRPO); 'sequence': one ratio per completion (GSPO)."""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "grpo"
-    """How per-token losses are averaged; see losses.aggregate_loss."""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    """How per-token losses are averaged (losses.aggregate_loss): "grpo" is DeepSeekMath's per-sequence mean,
+    "dapo" (TRL's default) a token mean over the whole step."""
     mask_truncated_completions: bool = False
     """Drop completions that hit max_completion_length without EOS from the loss (DAPO)."""
     num_iterations: int = 1
@@ -153,12 +150,13 @@ class GRPOConfig:
     weight_decay: float = 0.0
     """AdamW weight decay."""
     adam_beta1: float = 0.9
-    adam_beta2: float = 0.99
-    """AdamW betas (TRL 0.9 / 0.999; DeepSeekMath's pre-training used 0.9 / 0.95, its RL section states none)."""
+    adam_beta2: float = 0.999
+    """AdamW betas (TRL's 0.9 / 0.999; DeepSeekMath's pre-training used 0.9 / 0.95, its RL section states none)."""
     warmup_steps: int = 0
-    """Linear warm-up steps of the learning rate."""
-    lr_scheduler_type: Literal["constant", "linear"] = "constant"
-    """After warm-up: 'constant' (DeepSeekMath) or 'linear' decay to 0 at max_steps (TRL's default)."""
+    """Linear warm-up steps of the learning rate: factor step / warmup_steps at optimizer step 0, 1, ... (as
+    transformers' get_linear_schedule_with_warmup)."""
+    lr_scheduler_type: Literal["constant", "linear"] = "linear"
+    """After warm-up: 'linear' decay to 0 at max_steps (TRL's default) or 'constant' (DeepSeekMath)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's name):
     about 1/3 more compute for a fraction of the activation memory. For real models on small GPUs (qwen_t4).
@@ -183,9 +181,9 @@ class GRPOConfig:
     True on a T4, V100 or CPU: a warning, and fp32 (emulated bf16 is slower than fp32 there). False: fp32."""
     fp16: bool = False
     """Refused when True: fp16 activations of Qwen2 overflow; minigrpo trains in fp32 where bf16 is missing."""
-    use_bias_correction_kl: bool = False
-    """Multiply the per-token KL by the importance ratio (TRL 1.16's default True): with samples from pi_old
-    the k3 term then has the reverse-KL gradient. False: the DeepSeekMath loss."""
+    use_bias_correction_kl: bool = True
+    """Multiply the per-token KL by the importance ratio (TRL 1.16's default): with samples from pi_old the k3
+    term then has the reverse-KL gradient. False: the DeepSeekMath loss, whose k3 gradient is the forward KL's."""
     use_vllm: bool = False
     """Refused when True: minigrpo generates with `model.generate`; vLLM generation is TRL's (lesson 08)."""
     remove_unused_columns: bool = False
@@ -352,24 +350,23 @@ class GRPOConfig:
         values.update(changes)
         return cls(**values)
 
-    # --- named presets -----------------------------------------------------------
+    # --- named presets (their values: the dictionaries below the class) --------------
+    @classmethod
+    def from_preset(cls, preset: dict, **overrides) -> GRPOConfig:
+        """A config of `preset` (every field in TRAINING_FIELDS, and some operational ones), then `overrides`."""
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def deepseekmath(cls, **overrides) -> GRPOConfig:
+        """DeepSeekMath's GRPO (Shao et al., 2024, arXiv 2402.03300): the paper's algorithm, sized for one
+        machine. Each value and its source: DEEPSEEKMATH below."""
+        return cls.from_preset(DEEPSEEKMATH, **overrides)
+
     @classmethod
     def tiny_cpu(cls, **overrides) -> GRPOConfig:
-        """The bundled tiny Qwen on a laptop CPU: the default of `python -m minigrpo train`."""
-        preset = dict(
-            prompts_per_step=16,
-            num_generations=8,
-            per_device_train_batch_size=128,
-            max_prompt_length=96,
-            max_completion_length=24,
-            learning_rate=3e-4,
-            beta=0.04,
-            max_steps=200,
-            eval_steps=25,
-            save_steps=50,
-            eval_batch_size=256,
-        )
-        return cls(**{**preset, **overrides})
+        """The bundled tiny Qwen on a laptop CPU: the default of `python -m minigrpo train`. The paper's algorithm
+        (deepseekmath()) at the tiny model's sizes and learning rate: TINY_CPU below."""
+        return cls.from_preset(TINY_CPU, **overrides)
 
     @classmethod
     def for_model(cls, model_name: str, **overrides) -> GRPOConfig:
@@ -381,29 +378,13 @@ class GRPOConfig:
     @classmethod
     def qwen_t4(cls, **overrides) -> GRPOConfig:
         """Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB, 15 GB usable; no native bf16, so fp32 weights, fp32
-        AdamW, no autocast).
+        AdamW, no autocast). The paper's algorithm (deepseekmath()) at a T4's sizes: QWEN_T4 below.
 
         fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 x 1.98 GB = 9.9 GB (9.2 GiB) before any
         activation; micro-batches of 8 completions with gradient checkpointing keep a full step's live tensors
         at 11.0 GiB, reached at the AdamW step (`python bench/memory.py --model qwen0.5b-shape --preset t4`:
         completions forced to 128 tokens; rollout 6.1 GiB, update 11.0 GiB of which 1.8 GiB AdamW temporaries)."""
-        preset = dict(
-            prompts_per_step=8,
-            num_generations=8,
-            per_device_train_batch_size=8,
-            gradient_checkpointing=True,
-            share_prompt_prefix=False,
-            max_prompt_length=128,
-            max_completion_length=128,
-            learning_rate=1e-6,
-            beta=0.04,
-            max_steps=100,
-            eval_steps=25,
-            save_steps=25,
-            eval_batch_size=64,
-            logprob_chunk_size=1024,
-        )
-        return cls(**{**preset, **overrides})
+        return cls.from_preset(QWEN_T4, **overrides)
 
     @classmethod
     def qwen1_5b_lora_t4(cls, **overrides) -> GRPOConfig:
@@ -417,7 +398,178 @@ class GRPOConfig:
         live tensors in one whole step, every completion forced to full length: 8.39 GiB (`python bench/memory.py
         --model qwen1.5b-shape --preset lora-t4 --lora`, on a CPU; on a bf16 GPU add --fp32 to measure a T4's
         precision), plus the CUDA context (~0.5-1 GiB) on a GPU: within 12 GiB of a T4's 15."""
-        return cls.qwen_t4(**{"learning_rate": 1e-5, **overrides})
+        return cls.from_preset(QWEN1_5B_LORA_T4, **overrides)
+
+
+# --- what a preset must set, and where minigrpo's defaults are its own ------------------
+TRAINING_FIELDS = (
+    # the batch (prompts_per_step derives TRL's generation_batch_size, steps_per_generation and
+    # gradient_accumulation_steps: one optimizer step per generation) and the group
+    "prompts_per_step",
+    "num_generations",
+    "per_device_train_batch_size",
+    # sampling
+    "max_prompt_length",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    # advantages
+    "scale_rewards",
+    "baseline",
+    "std_ddof",
+    "advantage_epsilon",
+    # the objective
+    "beta",
+    "kl_estimator",
+    "use_bias_correction_kl",
+    "epsilon",
+    "epsilon_high",
+    "importance_sampling_level",
+    "loss_type",
+    "mask_truncated_completions",
+    "num_iterations",
+    "dynamic_sampling",
+    "max_num_gen_batches",
+    # the optimizer and its schedule
+    "learning_rate",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "warmup_steps",
+    "lr_scheduler_type",
+    "max_grad_norm",
+    "max_steps",
+    "num_train_epochs",
+    "bf16",
+    "disable_dropout",
+    # the data order and every random draw
+    "seed",
+    "shuffle_dataset",
+)
+"""Every field that changes which samples are drawn or how the weights are updated. Each preset sets all of them
+(tests/test_config.py checks it). The rest (logging, evaluation, checkpoints, memory knobs that give the same
+numbers up to rounding, output folders) is operational."""
+
+DIFFERING_DEFAULTS = {
+    "seed": "0, not TRL's 42: the course's figures were measured with seed 0 (presets set it; a seed is a seed)",
+    "bf16": "None = bf16 autocast exactly where the GPU has native bf16, fp32 elsewhere; TRL's default turns it on "
+    "wherever torch reports bf16, emulated on a T4 too, and refuses to start on a CPU",
+    "gradient_checkpointing": "False, not TRL's True: the same numbers for a third more compute; the course's tiny "
+    "model does not need it, and it cannot run with share_prompt_prefix (on by default: the same numbers, less work)",
+    "fsdp": "a switch (shard the policy with FSDP2 under torchrun), where TRL's is transformers' list of FSDP options",
+    "logging_steps": "1, not 10: a learner watches every step",
+    "eval_strategy": "'steps', not 'no': the course evaluates held-out accuracy during training",
+    "eval_steps": "50, not None (= logging_steps): evaluating every step would cost more than training",
+    "save_steps": "50, not 500: the course's runs are a few hundred steps, and a Colab session can end any time",
+    "save_total_limit": "2, not None (keep all): a notebook's disk is small",
+    "report_to": "'none': minigrpo writes metrics.jsonl and trainer.state.log_history only",
+    "eval_batch_size": "prompts per greedy generate call in minigrpo's held-out evaluation (128); TRL's name is a "
+    "read-only count of evaluation samples per device batch (8)",
+    "output_dir": "'runs/minigrpo': TRL 1.16's default (None) names a folder after the model",
+}
+"""Fields whose default is minigrpo's own, not TRL's, with the reason: none changes what a run computes except seed
+(which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32). The README prints this table."""
+
+# DeepSeekMath's GRPO, each value with its source (Shao et al., 2024, arXiv 2402.03300: section 4.1.1 "Group Relative
+# Policy Optimization" (eq. 3, 4), section 4.2 "Training and Evaluating DeepSeekMath-RL", section 5.2.2).
+DEEPSEEKMATH_ALGORITHM = dict(
+    # sampling: from pi_theta itself, no warping (eq. 3 takes expectations over o ~ pi_old)
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    min_p=None,
+    repetition_penalty=1.0,
+    # advantages, "outcome supervision" (4.1.2): A_i = (r_i - mean(r)) / std(r), every token of o_i
+    scale_rewards="group",
+    baseline="mean",
+    std_ddof=1,  # the paper writes std(r); Bessel's, as torch.std and TRL compute it
+    advantage_epsilon=1e-4,  # not in the paper: keeps an all-equal group at 0 instead of 0/0
+    # the objective, eq. 3: per-sequence mean of the clipped surrogate minus beta * KL, k3 of eq. 4
+    beta=0.04,  # 4.2: "the KL coefficient is 0.04"
+    kl_estimator="k3",  # eq. 4
+    use_bias_correction_kl=False,  # eq. 3's KL term as written (not weighted by the ratio, as TRL's default is)
+    epsilon=0.2,  # eq. 3's epsilon; the paper states no value: PPO's customary 0.2
+    epsilon_high=None,
+    importance_sampling_level="token",
+    loss_type="grpo",  # eq. 3: 1/G sum_i 1/|o_i| sum_t
+    mask_truncated_completions=False,
+    num_iterations=1,  # 4.2: "the policy model only has a single update following each exploration stage"
+    dynamic_sampling=False,
+    max_num_gen_batches=10,
+    # the optimizer
+    learning_rate=1e-6,  # 4.2: "the learning rate of the policy model is 1e-6"
+    lr_scheduler_type="constant",  # 4.2 states one learning rate and no schedule
+    warmup_steps=0,
+    weight_decay=0.0,  # not stated for RL
+    adam_beta1=0.9,  # not stated for RL (pre-training: 0.9 / 0.95)
+    adam_beta2=0.99,  # not stated for RL; minigrpo 0.1's value, which the course's runs were measured with
+    max_grad_norm=1.0,  # not stated; TRL's and transformers' default
+    bf16=None,
+    disable_dropout=False,
+    seed=0,
+    shuffle_dataset=True,
+)
+"""The paper's algorithm, without sizes: every preset starts from it."""
+
+DEEPSEEKMATH = dict(
+    DEEPSEEKMATH_ALGORITHM,
+    # 4.2: "For each question, we sample 64 outputs. The max length is set to 1024, and the training batch size is
+    # 1024": 1024 / 64 = 16 questions per step. G and the length are cut to what one GPU or a laptop affords.
+    prompts_per_step=16,
+    num_generations=8,  # the paper: 64
+    per_device_train_batch_size=8,  # micro-batches of one group: memory only, and what DAPO's refill needs
+    max_prompt_length=256,
+    max_completion_length=256,  # the paper: 1024
+    max_steps=-1,
+    num_train_epochs=1.0,  # one pass over the prompts; the paper does not say how many passes it made
+)
+
+TINY_CPU = dict(
+    DEEPSEEKMATH_ALGORITHM,
+    prompts_per_step=16,
+    num_generations=8,
+    per_device_train_batch_size=128,  # the whole step in one micro-batch: the tiny model's activations are small
+    max_prompt_length=96,
+    max_completion_length=24,  # "What is 12 + 7?" needs a few tokens; 24 leaves room for a format
+    learning_rate=3e-4,  # a 260k-parameter model takes far larger steps than a 0.5B one (lesson 08, section 6d)
+    max_steps=200,
+    num_train_epochs=3.0,
+    # operational
+    eval_steps=25,
+    save_steps=50,
+    eval_batch_size=256,
+)
+
+QWEN_T4 = dict(
+    DEEPSEEKMATH_ALGORITHM,
+    prompts_per_step=8,
+    num_generations=8,
+    per_device_train_batch_size=8,
+    max_prompt_length=128,
+    max_completion_length=128,
+    max_steps=100,
+    num_train_epochs=3.0,
+    # operational: memory (the same numbers), cadence
+    gradient_checkpointing=True,
+    share_prompt_prefix=False,  # a KV cache cannot cross checkpointed layers
+    logprob_chunk_size=1024,
+    eval_steps=25,
+    save_steps=25,
+    eval_batch_size=64,
+)
+
+QWEN1_5B_LORA_T4 = dict(QWEN_T4, learning_rate=1e-5)
+
+PRESETS = {
+    "deepseekmath": DEEPSEEKMATH,
+    "tiny_cpu": TINY_CPU,
+    "qwen_t4": QWEN_T4,
+    "qwen1_5b_lora_t4": QWEN1_5B_LORA_T4,
+}
+"""Every named preset's values, by the name of its GRPOConfig class method."""
 
 
 def _check_dynamic_sampling(config: GRPOConfig) -> None:

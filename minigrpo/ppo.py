@@ -136,7 +136,11 @@ GRPO_ONLY_FIELDS = {
     "std_ddof": "PPO's whitening uses the Bessel-corrected variance over the batch's tokens (masked_whiten)",
     "advantage_epsilon": "PPO's whitening has its own epsilon (whiten_epsilon)",
     "num_iterations": "PPO's passes over each rollout are num_ppo_epochs, in num_mini_batches shuffled mini-batches",
+    "use_bias_correction_kl": "PPO's KL is in the per-token reward (kl_estimator of pi_old vs pi_ref), not in the loss",
 }
+# What a PPOConfig takes from PPO's own defaults when it is built from a GRPO preset or a GRPOConfig: the GRPO-only
+# fields, and the KL estimator (k1 in PPO's reward, as InstructGPT and TRL's PPOTrainer; k3 in GRPO's loss).
+NOT_FROM_GRPO = (*GRPO_ONLY_FIELDS, "kl_estimator")
 
 
 @refuse_unknown_fields
@@ -180,6 +184,20 @@ class PPOConfig(GRPOConfig):
     critic_warmup_steps: int = 0
     """Training steps at the start that train only the critic (the policy samples but does not move), so the
     first policy updates see advantages from a critic that has learnt something. They count as steps."""
+
+    @classmethod
+    def from_preset(cls, preset: dict, **overrides) -> PPOConfig:
+        """A GRPO preset's fields that PPO uses (not NOT_FROM_GRPO: those keep PPO's defaults), then `overrides`."""
+        return cls(**{**{k: v for k, v in preset.items() if k not in NOT_FROM_GRPO}, **overrides})
+
+    @classmethod
+    def from_config(cls, other: GRPOConfig, **changes) -> PPOConfig:
+        """A PPOConfig with `other`'s fields, except those in NOT_FROM_GRPO when `other` is a GRPO config (they
+        keep PPO's defaults), then `changes`."""
+        if not isinstance(other, PPOConfig):
+            defaults = {name: cls.__dataclass_fields__[name].default for name in NOT_FROM_GRPO}
+            changes = {**defaults, **changes}
+        return super().from_config(other, **changes)
 
     def validate(self) -> None:
         super().validate()

@@ -51,7 +51,8 @@ def make_trainer(output_dir: Path, on_reward=None) -> GRPOTrainer:
             on_reward(model)
         return [float(sum(ids) % 7) for ids in completion_ids]
 
-    config = GRPOConfig(**CONFIG, output_dir=str(output_dir))
+    # the 0.1.0 run leaned on 0.1.0's bare defaults, which were the paper's algorithm: 0.2.0's deepseekmath()
+    config = GRPOConfig.deepseekmath(**CONFIG, output_dir=str(output_dir))
     dataset = make_arithmetic_dataset(n=8, split="train", seed=1)
     return GRPOTrainer(model, [token_sum_reward], args=config, train_dataset=dataset, processing_class=tokenizer)
 

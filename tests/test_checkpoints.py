@@ -223,13 +223,22 @@ def test_history_nan_round_trips_as_null(tmp_path):
 
 
 def test_changed_run_fields_lists_what_defines_the_run():
+    # the paper's constant learning rate: max_steps is then free to change (with TRL's linear decay it is not)
     model = torch.nn.Linear(2, 2)
-    saved = checkpoints.run_args(GRPOConfig(prompts_per_step=16), model, ["correctness_reward"])
+    saved = checkpoints.run_args(GRPOConfig.deepseekmath(prompts_per_step=16), model, ["correctness_reward"])
     assert changed_run_fields(saved, saved) == []
-    free = GRPOConfig(prompts_per_step=16, max_steps=500, save_steps=5, eval_steps=1, output_dir="elsewhere",
-                      per_device_train_batch_size=8)  # fmt: skip
+    free = GRPOConfig.deepseekmath(
+        prompts_per_step=16,
+        max_steps=500,
+        save_steps=5,
+        eval_steps=1,
+        output_dir="elsewhere",
+        per_device_train_batch_size=4,
+    )
     assert changed_run_fields(saved, checkpoints.run_args(free, model, ["correctness_reward"])) == []
-    other = GRPOConfig(prompts_per_step=16, learning_rate=1e-5, num_generations=4, loss_type="dapo", seed=3)
+    other = GRPOConfig.deepseekmath(
+        prompts_per_step=16, learning_rate=1e-5, num_generations=4, loss_type="dapo", seed=3
+    )
     assert changed_run_fields(saved, checkpoints.run_args(other, model, ["format_reward"])) == [
         "reward_funcs: ['correctness_reward'] -> ['format_reward']",
         "generation_batch_size: 128 -> 64",  # B x G: the same 16 prompts, 4 completions each

@@ -1,15 +1,22 @@
-"""GRPOConfig: paper defaults, presets, and errors that name the value and the fix."""
+"""GRPOConfig: TRL's defaults, the paper's and the course's presets, and errors that name the value and the fix."""
+
+import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
-from minigrpo.config import GRPOConfig
+from minigrpo.config import DEEPSEEKMATH_ALGORITHM, DIFFERING_DEFAULTS, PRESETS, TRAINING_FIELDS, GRPOConfig
 
 
-def test_paper_defaults():
+def test_bare_defaults_train_trls_algorithm_and_the_paper_is_a_preset():
     config = GRPOConfig()
-    assert (config.beta, config.epsilon, config.num_generations) == (0.04, 0.2, 8)
-    assert (config.loss_type, config.num_iterations, config.kl_estimator) == ("grpo", 1, "k3")
+    assert (config.beta, config.epsilon, config.num_generations) == (0.0, 0.2, 8)
+    assert (config.loss_type, config.num_iterations, config.kl_estimator) == ("dapo", 1, "k3")
     assert (config.scale_rewards, config.std_ddof, config.clip_epsilon_high) == ("group", 1, 0.2)
+    assert (config.lr_scheduler_type, config.use_bias_correction_kl, config.adam_beta2) == ("linear", True, 0.999)
+    paper = GRPOConfig.deepseekmath()
+    assert (paper.beta, paper.loss_type, paper.use_bias_correction_kl) == (0.04, "grpo", False)
 
 
 def test_presets_are_valid_and_overridable():
@@ -113,3 +120,70 @@ def test_reward_timeout_and_overwrite_defaults():
     config = GRPOConfig()
     assert config.reward_timeout is None and config.overwrite_output_dir is False
     assert GRPOConfig(reward_timeout=2.5, save_total_limit=1, max_grad_norm=0.0).reward_timeout == 2.5
+
+
+# --- defaults: TRL's; presets: explicit ----------------------------------------------------------
+def trl_defaults():
+    import warnings
+
+    trl = pytest.importorskip("trl")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # bf16=False: TRL's default (on wherever torch reports bf16) refuses to start on a CPU; report_to as ours
+        return trl.GRPOConfig(output_dir="unused", bf16=False, report_to="none")
+
+
+def test_bare_defaults_are_trls_field_by_field():
+    theirs, ours = trl_defaults(), GRPOConfig()
+    shared = [f.name for f in dataclasses.fields(GRPOConfig) if f.init and hasattr(theirs, f.name)]
+    assert len(shared) > 40
+    for name in shared:
+        their = getattr(getattr(theirs, name), "value", getattr(theirs, name))  # TRL keeps some as enums
+        if name in DIFFERING_DEFAULTS:
+            assert getattr(ours, name) != their, f"{name} now equals TRL's default: drop it from DIFFERING_DEFAULTS"
+        else:
+            assert getattr(ours, name) == their, f"{name}: minigrpo {getattr(ours, name)!r}, TRL {their!r}"
+    assert set(DIFFERING_DEFAULTS) <= set(shared)
+
+
+def test_the_readme_lists_exactly_the_defaults_that_differ_from_trls():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Defaults that differ from TRL's")[1].split("\n## ")[0]
+    assert set(re.findall(r"^\| `(\w+)` \|", section, re.M)) == set(DIFFERING_DEFAULTS)
+
+
+def test_the_defaults_are_not_a_combination_the_config_refuses():
+    config = GRPOConfig()
+    assert not (config.gradient_checkpointing and config.share_prompt_prefix)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_sets_every_field_that_decides_the_training(name):
+    preset = PRESETS[name]
+    assert set(TRAINING_FIELDS) <= set(preset), sorted(set(TRAINING_FIELDS) - set(preset))
+    config = getattr(GRPOConfig, name)()
+    assert {field: getattr(config, field) for field in TRAINING_FIELDS} == {f: preset[f] for f in TRAINING_FIELDS}
+
+
+def test_a_new_bare_default_would_not_move_a_preset():
+    # every training field of every preset comes from the preset, none from a bare default
+    for name in PRESETS:
+        built = getattr(GRPOConfig, name)()
+        for field in TRAINING_FIELDS:
+            assert getattr(built, field) == PRESETS[name][field], (name, field)
+
+
+def test_the_deepseekmath_preset_has_the_papers_algorithm():
+    config = GRPOConfig.deepseekmath()
+    assert (config.beta, config.kl_estimator, config.use_bias_correction_kl) == (0.04, "k3", False)
+    assert (config.loss_type, config.epsilon, config.num_iterations, config.learning_rate) == ("grpo", 0.2, 1, 1e-6)
+    assert config.optimizer_steps_per_generation == 1  # one update per rollout
+    assert (config.scale_rewards, config.baseline, config.lr_scheduler_type) == ("group", "mean", "constant")
+
+
+def test_the_course_presets_run_the_papers_algorithm():
+    for name in ("tiny_cpu", "qwen_t4", "qwen1_5b_lora_t4"):
+        preset = PRESETS[name]
+        assert {k: preset[k] for k in DEEPSEEKMATH_ALGORITHM if k != "learning_rate"} == {
+            k: v for k, v in DEEPSEEKMATH_ALGORITHM.items() if k != "learning_rate"
+        }, name

@@ -138,7 +138,8 @@ def test_use_bias_correction_kl_weights_the_kl_by_the_ratio():
 
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     old, ref, mask = torch.tensor([[-1.5, -1.0]]), torch.tensor([[-1.2, -2.5]]), torch.ones(1, 2)
-    plain, _ = grpo_loss(logps, old, ref, torch.zeros(1), mask, GRPOConfig(beta=1.0, max_steps=1))
+    plain_config = GRPOConfig(beta=1.0, max_steps=1, use_bias_correction_kl=False)  # the paper's k3 term
+    plain, _ = grpo_loss(logps, old, ref, torch.zeros(1), mask, plain_config)
     corrected, _ = grpo_loss(
         logps, old, ref, torch.zeros(1), mask, GRPOConfig(beta=1.0, max_steps=1, use_bias_correction_kl=True)
     )
@@ -152,7 +153,14 @@ def test_use_bias_correction_kl_weights_the_kl_by_the_ratio():
 def test_the_tiny_model_name_works_where_trl_takes_a_model_id(tmp_path):
     from minigrpo import GRPOConfig, GRPOTrainer
 
-    config = GRPOConfig(max_steps=1, per_device_train_batch_size=4, num_generations=2, output_dir=str(tmp_path))
+    # max_completion_length: TRL's default 512 and minigrpo's max_prompt_length 256 exceed the tiny model's context
+    config = GRPOConfig(
+        max_steps=1,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=24,
+        output_dir=str(tmp_path),
+    )
     trainer = GRPOTrainer(str(TINY_MODEL_DIR), correctness_reward, config, make_arithmetic_dataset(4, "train"))
     assert trainer.processing_class is trainer.tokenizer and trainer.args is trainer.config
 

@@ -54,7 +54,10 @@ def _loss_config(estimator: str) -> GRPOConfig:
     if estimator not in KL_LOSSES:
         raise ValueError(f"estimator={estimator!r}: use one of {sorted(KL_LOSSES)}.")
     kl_estimator, bias_correction = KL_LOSSES[estimator]
-    return GRPOConfig(beta=1.0, kl_estimator=kl_estimator, use_bias_correction_kl=bias_correction, max_steps=1)
+    # the paper's loss (per-sequence mean, k3 as written) with the estimator and correction under study
+    return GRPOConfig.deepseekmath(
+        beta=1.0, kl_estimator=kl_estimator, use_bias_correction_kl=bias_correction, max_steps=1
+    )
 
 
 def per_sample_kl_losses(estimator: str, logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:

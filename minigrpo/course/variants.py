@@ -69,8 +69,8 @@ def variant_config(name: str, base: GRPOConfig) -> GRPOConfig:
 
 
 def config_diff(config: GRPOConfig, base: GRPOConfig | None = None) -> dict:
-    """The fields of `config` that differ from `base` (default: GRPOConfig()), as {name: value}."""
-    base = base if base is not None else GRPOConfig()
+    """The fields of `config` that differ from `base` (default: the paper's, GRPOConfig.deepseekmath())."""
+    base = base if base is not None else GRPOConfig.deepseekmath()
     return {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(GRPOConfig)
