@@ -179,10 +179,12 @@ class Trainer(CheckpointMixin):
         self.optimizer_steps += 1
 
     def _lr_factor(self, step: int) -> float:
-        """Learning-rate multiplier at optimizer step `step`: linear warm-up, then constant or linear decay."""
+        """Learning-rate multiplier at optimizer step `step` (0, 1, ...), as transformers' schedulers compute it
+        (get_linear_schedule_with_warmup, get_constant_schedule_with_warmup): step / W during the W warm-up steps
+        (so the first step has learning rate 0), then 1, or for "linear" a decay to 0 at max_steps."""
         config = self.config
         if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
+            return step / config.warmup_steps
         if config.lr_scheduler_type == "linear":
             return max(0.0, (self.max_steps - step) / max(1, self.max_steps - config.warmup_steps))
         return 1.0

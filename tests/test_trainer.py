@@ -1,6 +1,7 @@
 """The trainer end to end on the tiny Qwen: it learns, it logs, it checkpoints, it resumes exactly."""
 
 import json
+import math
 import os
 
 import pytest
@@ -216,9 +217,14 @@ def test_learning_rate_schedule(tiny, train_dataset, small_config):
     trainer = GRPOTrainer(
         model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
     )
-    assert [trainer._lr_factor(s) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
+    # transformers' warm-up: step / W, so the first step has learning rate 0 (minigrpo 0.1 used (step + 1) / W)
+    assert [trainer._lr_factor(s) for s in (0, 1, 2, 6, 10)] == [0.0, 0.5, 1.0, 0.5, 0.0]
     constant = GRPOTrainer(
-        model, [correctness_reward], args=small_config, train_dataset=train_dataset, processing_class=tokenizer
+        model,
+        [correctness_reward],
+        args=small_config.replace(lr_scheduler_type="constant"),
+        train_dataset=train_dataset,
+        processing_class=tokenizer,
     )
     assert {constant._lr_factor(s) for s in range(10)} == {1.0}
 
@@ -263,3 +269,36 @@ def test_evaluation_passes_reward_functions_the_real_completion_ids(tiny, eval_d
     assert len(seen) == 8 and all(len(ids) > 0 for _, ids in seen)
     assert all(tokenizer.decode(ids, skip_special_tokens=True) == text for text, ids in seen)
     assert metrics["eval/accuracy"] == sum(len(ids) for _, ids in seen) / 8
+
+
+@pytest.mark.parametrize("scheduler, warmup_steps", [("linear", 0), ("linear", 3), ("constant", 0), ("constant", 3)])
+def test_the_learning_rate_schedule_is_transformers_step_by_step(
+    tiny, train_dataset, small_config, scheduler, warmup_steps
+):
+    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    model, tokenizer = tiny
+    config = small_config.replace(max_steps=10, lr_scheduler_type=scheduler, warmup_steps=warmup_steps)
+    trainer = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer)
+    reference_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate)
+    if scheduler == "linear":
+        reference = get_linear_schedule_with_warmup(reference_optimizer, warmup_steps, config.max_steps)
+    else:
+        reference = get_constant_schedule_with_warmup(reference_optimizer, warmup_steps)
+    for _ in range(config.max_steps):
+        assert trainer.scheduler.get_last_lr()[0] == pytest.approx(reference.get_last_lr()[0], rel=1e-12, abs=0)
+        trainer.scheduler.step()
+        reference.step()
+
+
+@pytest.mark.parametrize("warmup_steps", [0, 2])
+def test_a_run_with_the_linear_schedule_trains_and_logs_its_learning_rate(
+    tiny, train_dataset, small_config, warmup_steps
+):
+    model, tokenizer = tiny
+    config = small_config.replace(max_steps=4, lr_scheduler_type="linear", warmup_steps=warmup_steps, save_steps=0)
+    history = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer).train()
+    rates = [row["learning_rate"] / config.learning_rate for row in history]
+    expected = {0: [1.0, 0.75, 0.5, 0.25], 2: [0.0, 0.5, 1.0, 0.5]}[warmup_steps]  # transformers' factors
+    assert rates == pytest.approx(expected)
+    assert all(math.isfinite(row["loss"]) for row in history)
