@@ -427,7 +427,7 @@ class Trainer(CheckpointMixin):
     def gradient_sync(self, enabled: bool):
         """Under torchrun, a context in which backward averages the gradients over the processes only if `enabled`
         (the last micro-batch of a step; the others accumulate locally). In one process: nothing to do."""
-        return distributed.gradient_sync(self.ddp_policy or self.model, enabled)
+        return distributed.gradient_sync(self.model if self.ddp_policy is None else self.ddp_policy, enabled)
 
     def backward(self, loss: torch.Tensor, which: str) -> None:
         """loss.backward(), once the loss is known to be finite: a NaN or inf loss would turn every weight into NaN,
