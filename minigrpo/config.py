@@ -463,7 +463,8 @@ DIFFERING_DEFAULTS = {
     "logging_steps": "1, not 10: a learner watches every step",
     "eval_strategy": "'steps', not 'no': the course evaluates held-out accuracy during training",
     "eval_steps": "50, not None (= logging_steps): evaluating every step would cost more than training",
-    "save_steps": "50, not 500: the course's runs are a few hundred steps, and a Colab session can end any time",
+    "save_steps": "50, not 500: the course's runs are a few hundred steps, and a Colab runtime can disconnect "
+    "at any time",
     "save_total_limit": "2, not None (keep all): a notebook's disk is small",
     "report_to": "'none': minigrpo writes metrics.jsonl and trainer.state.log_history only",
     "eval_batch_size": "prompts per greedy generate call in minigrpo's held-out evaluation (128); TRL's name is a "
