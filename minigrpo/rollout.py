@@ -183,10 +183,11 @@ def sampling_warpers(config, prompt_mask: torch.Tensor) -> LogitsProcessorList:
     repetition_penalty first (a processor), then the warpers temperature,
     top_k, top_p, min_p (GenerationMixin._get_logits_processor). An option at
     its "off" value is left out: repetition_penalty 1.0, temperature 1.0,
-    top_k 0, top_p 1.0, min_p None or 0. GRPOConfig's defaults leave only the
-    temperature, so completions come from pi_theta at `temperature`, the very
-    distribution the log-probs are computed for; the other options (TRL's
-    names) sample from something else, as they do in TRL.
+    top_k 0, top_p 1.0, min_p None or 0. GRPOConfig's defaults (TRL's) leave
+    every option off, so completions come from pi_theta itself, the very
+    distribution the log-probs are computed for (at any `temperature`, the
+    log-probs use it too); the other options (TRL's names) sample from
+    something else, as they do in TRL.
     prompt_mask: (N, P) left-padded. As in `generate`, the penalty counts the
     prompt's tokens as already seen, but not its left padding.
     """
