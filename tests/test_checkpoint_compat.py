@@ -7,6 +7,7 @@ script's: a resume refuses a run whose settings differ. Nothing here depends on 
 sampled (the sampling may change between versions).
 """
 
+import importlib.util
 import json
 import math
 import shutil
@@ -22,20 +23,11 @@ from minigrpo.run.checkpoints import STATE_FILE
 
 FIXTURE = Path(__file__).parent / "data" / "checkpoint_v0_1"
 CHECKPOINT = "checkpoint-2"
-CONFIG = dict(  # make_checkpoint_v0_1.CONFIG, with the 0.1.0 run's max_steps=2 raised to 3 (free to change)
-    prompts_per_step=2,
-    num_generations=2,
-    per_device_train_batch_size=4,
-    max_prompt_length=128,
-    max_completion_length=4,
-    learning_rate=1e-2,
-    beta=0.04,
-    save_steps=1,
-    save_total_limit=1,
-    eval_strategy="no",
-    seed=0,
-    max_steps=3,
-)
+# The 0.1.0 run's settings and reward function, from the script that made the fixture (one source of truth).
+_spec = importlib.util.spec_from_file_location("make_checkpoint_v0_1", FIXTURE.parent / "make_checkpoint_v0_1.py")
+fixture = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fixture)
+CONFIG = {**fixture.CONFIG, "max_steps": 3}  # the 0.1.0 run stopped at 2; max_steps is free to change on a resume
 
 
 def make_trainer(output_dir: Path, on_reward=None) -> GRPOTrainer:
@@ -46,10 +38,10 @@ def make_trainer(output_dir: Path, on_reward=None) -> GRPOTrainer:
     model = Qwen2ForCausalLM(Qwen2Config.from_json_file(FIXTURE / CHECKPOINT / "config.json"))
 
     def token_sum_reward(prompts, completions, completion_ids=None, **columns) -> list[float]:
-        """The 0.1.0 run's reward function (a resume compares the names)."""
+        """The 0.1.0 run's reward function, under its name (a resume compares the names), watching the model."""
         if on_reward is not None:
             on_reward(model)
-        return [float(sum(ids) % 7) for ids in completion_ids]
+        return fixture.token_sum_reward(prompts, completions, completion_ids, **columns)
 
     # the 0.1.0 run leaned on 0.1.0's bare defaults, which were the paper's algorithm: 0.2.0's deepseekmath()
     config = GRPOConfig.deepseekmath(**CONFIG, output_dir=str(output_dir))

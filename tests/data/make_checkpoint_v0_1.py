@@ -4,17 +4,17 @@ tests/test_checkpoint_compat.py resumes it with the current code, so that a chec
 0.2.0 reorganisation (modules moved into minigrpo/run/, course/, measuring/) keeps resuming.
 
 Run it with minigrpo 0.1.0 (commit 5982d8b, the last one before the reorganisation), never with the current
-code: the point is a checkpoint that the OLD code wrote. With this checkout in /work/main:
+code: the point is a checkpoint that the OLD code wrote. From the repository's root:
 
-    git -C /work/main worktree add /tmp/before 5982d8b
-    rm -rf /work/main/tests/data/checkpoint_v0_1
-    cd /tmp/before && PYTHONPATH=/tmp/before python /work/main/tests/data/make_checkpoint_v0_1.py \
-        /work/main/tests/data/checkpoint_v0_1
+    git worktree add ../minigrpo-0.1.0 5982d8b
+    rm -rf tests/data/checkpoint_v0_1
+    PYTHONPATH=../minigrpo-0.1.0 python tests/data/make_checkpoint_v0_1.py tests/data/checkpoint_v0_1
+    git worktree remove ../minigrpo-0.1.0
 
 (Made with transformers 5.24.0 and torch 2.13.0 on a CPU; the weights and optimizer state come out the same
 on every run, trainer_state.json's timings and training_args.json's output_dir do not.) It prints
-minigrpo.__file__, which must lie in /tmp/before, and refuses to run with the reorganised
-code. What it writes, about 125 KB:
+minigrpo.__file__, which must lie in that 0.1.0 checkout, and refuses to run with the
+reorganised code. What it writes, about 125 KB:
 
     checkpoint_v0_1/checkpoint-2/   the checkpoint exactly as 0.1.0 wrote it (save_total_limit=1 rotated
                                     checkpoint-1 away): model.safetensors + config.json (the architecture the
@@ -25,8 +25,9 @@ The run's metrics.jsonl and lock file (not part of a checkpoint; a resume rewrit
 checkpoint's history) are removed. Nothing inside checkpoint-2 is edited.
 
 The model is a randomly initialised 1-layer Qwen2 (hidden size 16) over the bundled tiny tokenizer's
-vocabulary, so the checkpoint stays small. The settings below (MODEL, CONFIG, the dataset, the reward
-function) are repeated in tests/test_checkpoint_compat.py: a resume refuses a run whose settings differ.
+vocabulary, so the checkpoint stays small. tests/test_checkpoint_compat.py imports CONFIG and the reward
+function from here (a resume refuses a run whose settings differ), so importing this module must stay free
+of side effects: the work is in main().
 """
 
 import importlib.util
