@@ -43,6 +43,8 @@ from collections.abc import Sequence
 
 from datasets import Dataset
 
+from minigrpo.rewards import completion_text
+
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 FORMAT_INSTRUCTION = "Give the answer in <answer></answer> tags."
 # The training reward of `python -m minigrpo train`, the lessons and the benches: [correctness_reward,
@@ -121,15 +123,6 @@ def _sample_problem(rng: random.Random, lo: int, hi: int, operators: Sequence[st
 
 
 # --- parsing ----------------------------------------------------------------------
-def completion_text(completion) -> str:
-    """A completion as text: TRL passes strings, or [{'role': 'assistant', 'content': ...}] for chats."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    return str(completion)
-
-
 def parse_integer(token: str) -> int | None:
     """A number-like token as an int when it is an ASCII integer of at most MAX_ANSWER_DIGITS digits, else None.
 
