@@ -20,6 +20,7 @@ tokens, P prompt tokens, V vocabulary size.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -87,8 +88,9 @@ class GRPOConfig:
     is given, one optimizer step per generation)."""
 
     # --- sampling ----------------------------------------------------------------
-    max_prompt_length: int = 256
-    """Longest prompt in tokens; longer prompts are an error (raise it or shorten the prompt)."""
+    max_prompt_length: int | None = None
+    """Longest prompt in tokens, or None (TRL 1.16 has no such field): no limit but the model's context. The
+    presets set one, so that a prompt much longer than the task's is an error instead of a slow step."""
     max_completion_length: int = 512
     """T_max, new tokens per completion. Also Dr. GRPO's constant normaliser. Typical 32-1024 (the course's
     arithmetic answers need 24-128)."""
@@ -203,7 +205,7 @@ class GRPOConfig:
     (TRL's default is 10; a learner wants every step)."""
     logging_dir: str | None = None
     """Folder for metrics.jsonl (None: output_dir)."""
-    report_to: str | list[str] | None = "none"
+    report_to: None | str | list[str] = "none"  # this order of the union is what HfArgumentParser reads
     """Only "none" (or None / []): minigrpo writes metrics.jsonl and trainer.state.log_history, nothing else."""
     eval_strategy: Literal["no", "steps"] = "steps"
     """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
@@ -230,7 +232,21 @@ class GRPOConfig:
     reward_timeout: float | None = None
     """Seconds each reward function may take for one step's N completions (None = no limit); see rewards.py."""
 
+    # --- TRL's script fields ------------------------------------------------------
+    model_init_kwargs: dict | str | None = None
+    """Keywords for from_pretrained when the trainer loads the model by name (TRL's field), e.g. {"dtype":
+    "bfloat16"}; a JSON string (from the command line) is parsed. trust_remote_code=True is refused."""
+    resume_from_checkpoint: str | None = None
+    """For scripts, as in transformers: the trainer does not read it; a script passes it on with
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint), as TRL's grpo.py does."""
+    trust_remote_code: bool = False
+    """Refused when True: minigrpo never runs code shipped in a model folder (TRL's field)."""
+    push_to_hub: bool = False
+    """Refused when True: save with trainer.save_model(path) and upload that folder with huggingface_hub."""
+
     def __post_init__(self) -> None:
+        if isinstance(self.model_init_kwargs, str):  # from the command line: a JSON object
+            self.model_init_kwargs = _parse_json_object("model_init_kwargs", self.model_init_kwargs)
         # The batch fields as the user gave them (None = derive), so that replace() re-derives the others.
         self._given_batch = {name: getattr(self, name) for name in BATCH_FIELDS}
         self.validate()
@@ -272,7 +288,6 @@ class GRPOConfig:
         if self.std_ddof not in (0, 1):
             raise ValueError(f"std_ddof={self.std_ddof}: use 1 (Bessel, the default) or 0 (population std).")
         positive = {
-            "max_prompt_length": self.max_prompt_length,
             "max_completion_length": self.max_completion_length,
             "temperature": self.temperature,
             "learning_rate": self.learning_rate,
@@ -283,6 +298,13 @@ class GRPOConfig:
         for name, value in positive.items():
             if not value > 0:
                 raise ValueError(f"{name}={value}: it must be positive.")
+        if self.max_prompt_length is not None and not self.max_prompt_length > 0:
+            raise ValueError(f"max_prompt_length={self.max_prompt_length}: it must be positive, or None (no limit).")
+        if self.fast_generation and self.max_prompt_length is None:
+            raise ValueError(
+                "fast_generation=True needs max_prompt_length: the static KV cache is sized for the longest prompt "
+                "plus max_completion_length. Set max_prompt_length (e.g. 256)."
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p}: choose a value in (0, 1].")
         if self.beta < 0:
@@ -607,6 +629,18 @@ def _check_finite(config: GRPOConfig) -> None:
         values = value if isinstance(value, list | tuple) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise ValueError(f"{f.name}={value}: it must be a finite number (not NaN or inf).")
+
+
+def _parse_json_object(name: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f'{name}={text!r} is not valid JSON ({error}): give a JSON object, e.g. \'{{"dtype": "float32"}}\'.'
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}={text!r}: give a JSON object (a dict of keywords), not {type(value).__name__}.")
+    return value
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

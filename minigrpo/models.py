@@ -135,7 +135,10 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2
 
 # --- loading ------------------------------------------------------------------------
 def load_model_and_tokenizer(
-    name: str = "tiny", device: torch.device | str | None = None, load_in_4bit: bool = False
+    name: str = "tiny",
+    device: torch.device | str | None = None,
+    load_in_4bit: bool = False,
+    model_init_kwargs: dict | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Load a causal LM and its tokenizer, in fp32, on `device` (default: pick_device()).
 
@@ -148,6 +151,10 @@ def load_model_and_tokenizer(
     ``load_in_4bit``: QLoRA (Dettmers et al., arXiv 2305.14314): the frozen base
     weights in 4-bit NF4 through bitsandbytes, CUDA only; train it with a
     ``peft_config`` (a 4-bit weight cannot be updated itself).
+
+    ``model_init_kwargs``: extra keywords for ``from_pretrained`` (GRPOConfig.model_init_kwargs, TRL's field),
+    such as ``revision`` or ``dtype`` ("bfloat16", "float32", "auto"); None values are dropped, and
+    ``trust_remote_code=True`` is refused: minigrpo never runs code shipped in a model folder.
     """
     device = torch.device(device) if device is not None else pick_device()
     path = str(TINY_MODEL_DIR) if name == "tiny" else name
@@ -163,8 +170,26 @@ def load_model_and_tokenizer(
         tokenizer.pad_token = tokenizer.eos_token
     if load_in_4bit:
         return load_4bit(path, device), tokenizer
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    kwargs = {"dtype": torch.float32, **init_kwargs(model_init_kwargs), "trust_remote_code": False}
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     return model.to(device), tokenizer
+
+
+def init_kwargs(model_init_kwargs: dict | None) -> dict:
+    """GRPOConfig.model_init_kwargs as from_pretrained keywords: None values dropped, a dtype name turned into
+    the torch dtype ("auto" stays), trust_remote_code=True refused."""
+    kwargs = {k: v for k, v in (model_init_kwargs or {}).items() if v is not None}
+    if kwargs.pop("trust_remote_code", False):
+        raise ValueError(
+            "model_init_kwargs has trust_remote_code=True: minigrpo never runs code shipped in a model folder. "
+            "Use a model whose architecture transformers implements (Qwen2 and its kin), and drop the keyword."
+        )
+    dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+    if isinstance(dtype, str) and dtype != "auto":
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"model_init_kwargs has dtype={dtype!r}: give a torch dtype name such as 'float32'.")
+        dtype = getattr(torch, dtype)
+    return kwargs if dtype is None else {**kwargs, "dtype": dtype}
 
 
 def load_adapters_and_tokenizer(folder: str, device: torch.device, load_in_4bit: bool = False):
@@ -362,13 +387,22 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 # --- the model argument: a model or a name, as in TRL ----------------------------------
-def resolve_model_and_tokenizer(model, processing_class=None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def resolve_model_and_tokenizer(
+    model, processing_class=None, model_init_kwargs: dict | None = None, quantization_config=None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``model`` may be a name ("tiny", a Hub id, a folder): load it (and its tokenizer) with
-    load_model_and_tokenizer. For a model object without ``processing_class``, load the tokenizer saved
-    with it (``model.name_or_path``), as TRL does."""
+    load_model_and_tokenizer, with model_init_kwargs, in 4-bit when quantization_config asks for it (TRL's
+    trainer keyword). For a model object without ``processing_class``, load the tokenizer saved with it
+    (``model.name_or_path``), as TRL does."""
     if isinstance(model, str | Path):
-        model, tokenizer = load_model_and_tokenizer(str(model))
+        load_in_4bit = bool(getattr(quantization_config, "load_in_4bit", False))
+        model, tokenizer = load_model_and_tokenizer(str(model), None, load_in_4bit, model_init_kwargs)
         return model, processing_class if processing_class is not None else tokenizer
+    if quantization_config is not None:
+        raise ValueError(
+            "quantization_config applies when the model is given by name: pass the name (or folder) as model, "
+            "or load the model in 4-bit yourself (load_model_and_tokenizer(name, load_in_4bit=True))."
+        )
     if processing_class is not None:
         return model, processing_class
     name = getattr(model, "name_or_path", "")

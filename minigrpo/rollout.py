@@ -97,15 +97,18 @@ def render_prompts(tokenizer, prompts: list) -> list[str]:
     ]
 
 
-def tokenize_prompts(tokenizer, prompts: list, max_prompt_length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded prompt ids and mask, (n, P). Fails when a prompt is longer than max_prompt_length."""
+def tokenize_prompts(
+    tokenizer, prompts: list, max_prompt_length: int | None, device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded prompt ids and mask, (n, P). Fails when a prompt is longer than max_prompt_length (None:
+    no limit)."""
     texts = render_prompts(tokenizer, prompts)
     encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     longest = encoded["input_ids"].shape[1]
-    if longest > max_prompt_length:
+    if max_prompt_length is not None and longest > max_prompt_length:
         raise ValueError(
-            f"a prompt is {longest} tokens long but max_prompt_length={max_prompt_length}: "
-            f"raise max_prompt_length to at least {longest} or shorten the prompts."
+            f"a prompt is {longest} tokens long but max_prompt_length={max_prompt_length}: raise "
+            f"max_prompt_length to at least {longest}, set it to None (no limit, as in TRL), or shorten the prompts."
         )
     return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
 

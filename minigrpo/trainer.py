@@ -13,15 +13,17 @@ is one optimizer step, written out from top to bottom as nanoGPT's loop is.
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.trainer_utils import TrainOutput
 
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
@@ -38,21 +40,27 @@ from minigrpo.models import (
     resolve_model_and_tokenizer,
     set_gradient_checkpointing,
 )
-from minigrpo.rewards import compute_rewards
+from minigrpo.rewards import RewardExtras, RewardFunc, as_trl_completions, compute_rewards, resolve_reward_funcs
 from minigrpo.rollout import Rollout, completion_logps, render_prompts, repeat_for_group, sample_group_rollout
 from minigrpo.run import checkpoints, distributed
+from minigrpo.run.callbacks import CallbackHandler
 from minigrpo.run.checkpoints import METRICS_FILE
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.run.resume import CheckpointMixin
 from minigrpo.run.schedule import PromptSampler, micro_batches, resolve_max_steps
+from minigrpo.trl_compat import check_trl_keywords
 
 
 class TrainerState:
-    """TRL's ``trainer.state``, read-only: global_step, max_steps, log_history (one dict per logged step)."""
+    """TRL's ``trainer.state`` (transformers' TrainerState), read-only: what callbacks and curriculum rewards
+    read. global_step, max_steps, epoch (fractional passes over the prompts), log_history (one dict per logged
+    step), num_input_tokens_seen (prompt + completion tokens generated so far), and the process flags."""
 
     def __init__(self, trainer: Trainer):
         self._trainer = trainer
+        self.best_metric = None  # transformers' fields that minigrpo does not track
+        self.best_model_checkpoint = None
 
     @property
     def global_step(self) -> int:
@@ -63,8 +71,46 @@ class TrainerState:
         return self._trainer.max_steps
 
     @property
+    def epoch(self) -> float:
+        sampler = self._trainer.sampler
+        return round(sampler.epoch + sampler.position / sampler.dataset_size, 4)
+
+    @property
     def log_history(self) -> list[dict]:
         return self._trainer.history
+
+    @property
+    def num_input_tokens_seen(self) -> int:
+        return self._trainer.num_tokens
+
+    @property
+    def num_train_epochs(self) -> float:
+        return self._trainer.config.num_train_epochs
+
+    @property
+    def logging_steps(self) -> int:
+        return self._trainer.config.logging_steps
+
+    @property
+    def eval_steps(self) -> int | None:
+        return self._trainer.config.eval_steps
+
+    @property
+    def save_steps(self) -> int:
+        return self._trainer.config.save_steps
+
+    @property
+    def is_world_process_zero(self) -> bool:
+        return distributed.is_main_process()
+
+    @property
+    def is_local_process_zero(self) -> bool:
+        return distributed.is_main_process()
+
+    def to_dict(self) -> dict:
+        """What save_state writes (trainer_state.json), with transformers' key names."""
+        names = ("global_step", "max_steps", "epoch", "num_input_tokens_seen", "num_train_epochs", "logging_steps")
+        return {name: getattr(self, name) for name in names} | {"log_history": self.log_history}
 
 
 class NonFiniteError(FloatingPointError):
@@ -94,29 +140,36 @@ class Trainer(CheckpointMixin):
     def __init__(
         self,
         model: str | PreTrainedModel,
-        reward_funcs: Callable | Sequence[Callable],
+        reward_funcs: RewardFunc | str | Sequence[RewardFunc | str],
         args: GRPOConfig | None = None,
         train_dataset=None,
         eval_dataset=None,
         processing_class: PreTrainedTokenizerBase | None = None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
         *,
         ref_model: PreTrainedModel | None = None,
-        peft_config=None,
     ):
         self.config = args if args is not None else self.config_class()
+        check_trl_keywords(optimizers, quantization_config)
         distributed.init_from_environment()  # under torchrun: join the process group (before loading a model)
-        self.model, self.tokenizer = resolve_model_and_tokenizer(model, processing_class)
+        self.model, self.tokenizer = resolve_model_and_tokenizer(
+            model, processing_class, self.config.model_init_kwargs, quantization_config
+        )
         if peft_config is not None:
             self.model = add_adapters(self.model, peft_config, self.config.seed)
         if getattr(self.model, "is_loaded_in_4bit", False) and not is_peft_model(self.model):
             raise ValueError("a 4-bit model cannot be updated itself: pass a peft_config (QLoRA trains adapters).")
         self.model = distributed.local_device(self.model)
-        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs or [])
+        self.device = next(self.model.parameters()).device
+        self.reward_funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, self.device)
         if train_dataset is None:
             raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._check_inputs()
-        self.device = next(self.model.parameters()).device
         check_bf16_request(self.device, self.config.bf16)
         if self.config.disable_dropout:
             disable_dropout(self.model)
@@ -143,9 +196,13 @@ class Trainer(CheckpointMixin):
         self.max_steps = resolve_max_steps(self.config, len(train_dataset), self.optimizer_steps_per_generation())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0  # optimizer steps taken (TRL's global_step)
+        self.num_tokens = 0  # prompt + completion tokens generated for training (TRL's num_tokens)
         self.history: list[dict] = []
+        self.completion_extras: dict[str, list] = {}  # the last generation's log_extra columns
         self.state = TrainerState(self)
         self.output_dir = Path(self.config.output_dir)
+        self.callback_handler = CallbackHandler(callbacks)
+        self.callback_handler.fire("on_init_end", self)
 
     @property
     def metrics_path(self) -> Path:
@@ -201,10 +258,6 @@ class Trainer(CheckpointMixin):
             distributed.check_config(config)
         if config.dynamic_sampling:
             self._check_dynamic_sampling()
-        if not self.reward_funcs or not all(callable(f) for f in self.reward_funcs):
-            raise ValueError(
-                "reward_funcs must be one or more functions f(prompts, completions, completion_ids, **kw)."
-            )
         if config.reward_weights is not None and len(config.reward_weights) != len(self.reward_funcs):
             raise ValueError(
                 f"reward_weights has {len(config.reward_weights)} entries for {len(self.reward_funcs)} reward "
@@ -221,16 +274,24 @@ class Trainer(CheckpointMixin):
             if len(dataset) == 0:
                 raise ValueError(f"{name} is empty: give it at least one prompt.")
             longest = max(len(ids) for ids in self._prompt_token_ids(dataset["prompt"]))
-            if longest > config.max_prompt_length:
+            if config.max_prompt_length is not None and longest > config.max_prompt_length:
                 raise ValueError(
                     f"the longest prompt in {name} is {longest} tokens but max_prompt_length="
-                    f"{config.max_prompt_length}: raise max_prompt_length to at least {longest} or shorten the prompts."
+                    f"{config.max_prompt_length}: raise max_prompt_length to at least {longest}, set it to None (no "
+                    "limit, as in TRL), or shorten the prompts."
                 )
-        context = getattr(self.model.config, "max_position_embeddings", None)
-        if context is not None and config.max_prompt_length + config.max_completion_length > context:
+            context = getattr(self.model.config, "max_position_embeddings", None)
+            prompt_length = config.max_prompt_length or longest
+            if context is not None and prompt_length + config.max_completion_length > context:
+                raise ValueError(
+                    f"{name}: prompts of up to {prompt_length} tokens (max_prompt_length={config.max_prompt_length}) "
+                    f"+ max_completion_length={config.max_completion_length} exceeds the model's context of {context} "
+                    "tokens: lower max_completion_length or shorten the prompts."
+                )
+        if not self.reward_funcs:
             raise ValueError(
-                f"max_prompt_length={config.max_prompt_length} + max_completion_length="
-                f"{config.max_completion_length} exceeds the model's context of {context} tokens: lower one of them."
+                "reward_funcs is empty: give one or more functions f(prompts, completions, completion_ids, **kw) "
+                "or reward models."
             )
 
     def _check_dynamic_sampling(self) -> None:
@@ -251,9 +312,12 @@ class Trainer(CheckpointMixin):
         return self.tokenizer(render_prompts(self.tokenizer, list(prompts)), add_special_tokens=False)["input_ids"]
 
     # --- the loop -----------------------------------------------------------------
-    def train(self, resume_from_checkpoint: bool | str | None = None, allow_config_change: bool = False) -> list[dict]:
-        """Run until max_steps optimizer steps; returns the metric history (one dict per logged step, also in
-        trainer.state.log_history; TRL's train() returns a TrainOutput instead).
+    def train(self, resume_from_checkpoint: bool | str | None = None, allow_config_change: bool = False) -> TrainOutput:
+        """Run until max_steps optimizer steps (or until a callback sets control.should_training_stop).
+
+        Returns TRL's TrainOutput(global_step, training_loss, metrics): training_loss is the mean loss of this
+        call's optimizer steps, metrics holds train_runtime, train_samples_per_second (completions),
+        train_steps_per_second, train_loss and epoch. The per-step metrics are in trainer.state.log_history.
 
         resume_from_checkpoint: True = the newest checkpoint in output_dir that reads completely (a fresh, seeded
         run when there is none), a path = that checkpoint. allow_config_change: resume even though
@@ -267,7 +331,7 @@ class Trainer(CheckpointMixin):
             self._begin(resume_from_checkpoint, allow_config_change)
             return self._train_loop()
 
-    def _train_loop(self) -> list[dict]:
+    def _train_loop(self) -> TrainOutput:
         self.model.train()
         progress = tqdm(
             total=self.max_steps,
@@ -278,15 +342,81 @@ class Trainer(CheckpointMixin):
             disable=not distributed.is_main_process(),
         )
         self._window: list[dict] = []  # metrics of the generations since the last logged step
-        while self.step < self.max_steps:
+        first_step, loss_sum, started = self.step, 0.0, time.perf_counter()
+        control = self.callback_handler.fire("on_train_begin", self)
+        control.should_training_stop = False
+        while self.step < self.max_steps and not control.should_training_stop:
             before = self.step
+            self.callback_handler.fire("on_step_begin", self)
             metrics = self._guarded_step()  # one generation and its optimizer steps
             self.step += self.optimizer_steps_per_generation()
+            loss_sum += metrics.get("loss", 0.0) * (self.step - before)
             self._guarded_finish(before, metrics)
             progress.update(self.step - before)
             progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
+            control = self.callback_handler.fire("on_step_end", self)
+            if control.should_save or (control.should_training_stop and self.step < self.max_steps):
+                self.save_checkpoint()  # a stopped run keeps a checkpoint to resume from
+                control.should_save = False
         progress.close()
-        return self.history
+        self.callback_handler.fire("on_train_end", self)
+        return self._train_output(self.step - first_step, loss_sum, time.perf_counter() - started)
+
+    def _train_output(self, steps: int, loss_sum: float, runtime: float) -> TrainOutput:
+        """TRL's (transformers') return value of train() for the `steps` optimizer steps of this call."""
+        generations = steps / self.optimizer_steps_per_generation()
+        metrics = {
+            "train_runtime": round(runtime, 4),
+            "train_samples_per_second": round(generations * self.config.num_completions / max(runtime, 1e-9), 3),
+            "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
+            "train_loss": loss_sum / steps if steps else 0.0,
+            "epoch": self.state.epoch,
+        }
+        return TrainOutput(self.step, metrics["train_loss"], metrics)
+
+    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
+        path = super().save_checkpoint(rng_state, sampler_state)
+        self.callback_handler.fire("on_save", self)
+        return path
+
+    # --- TRL's (transformers') helpers ----------------------------------------------
+    def add_callback(self, callback) -> None:
+        """Add a transformers TrainerCallback (instance or class), as Trainer.add_callback."""
+        self.callback_handler.add(callback)
+
+    def pop_callback(self, callback):
+        """Remove and return a callback (an instance, or the first of a class); None when absent."""
+        return self.callback_handler.pop(callback)
+
+    def remove_callback(self, callback) -> None:
+        self.callback_handler.pop(callback)
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        """Print `metrics` as a table, as transformers' Trainer.log_metrics (rank 0 only)."""
+        if not distributed.is_main_process():
+            return
+        print(f"***** {split} metrics *****")
+        width = max((len(key) for key in metrics), default=0)
+        for key in sorted(metrics):
+            print(f"  {key:<{width}} = {metrics[key]}")
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        """Write <output_dir>/<split>_results.json (and merge it into all_results.json), as transformers does."""
+        if not distributed.is_main_process():
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True) + "\n")
+        if combined:
+            path = self.output_dir / "all_results.json"
+            combined_metrics = json.loads(path.read_text()) if path.exists() else {}
+            path.write_text(json.dumps({**combined_metrics, **metrics}, indent=4, sort_keys=True) + "\n")
+
+    def save_state(self) -> None:
+        """Write <output_dir>/trainer_state.json: step, epoch and log history, as transformers' save_state."""
+        if not distributed.is_main_process():
+            return
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "trainer_state.json").write_text(checkpoints.dumps(self.state.to_dict()) + "\n")
 
     def optimizer_steps_per_generation(self) -> int:
         """Optimizer steps each generation makes (the step counter advances by this). GRPO: num_iterations x
@@ -358,7 +488,8 @@ class Trainer(CheckpointMixin):
     def generate_and_score(
         self, num_prompts: int, first_group: int = 0
     ) -> tuple[Rollout, torch.Tensor, torch.Tensor, dict]:
-        """The next `num_prompts` prompts -> rollout, rewards_per_func (N, F), rewards (N,), and the time taken.
+        """The next `num_prompts` prompts -> rollout, rewards_per_func (N, F), rewards (N,), and the time taken
+        (with the metrics the reward functions logged with log_metric).
 
         Each group is sampled from its own seed, a hash of (seed, step, the group's index in the step: first_group
         + b), so one process and K processes under torchrun sample the same completions (run.distributed.
@@ -372,18 +503,25 @@ class Trainer(CheckpointMixin):
             self.model, self.tokenizer, batch["prompt"], config, self.ref_model, group_seeds=group_seeds
         )
         scored = time.perf_counter()
+        prompts = repeat_for_group(batch["prompt"], config.num_generations)
         columns = {k: repeat_for_group(v, config.num_generations) for k, v in batch.items() if k != "prompt"}
+        extras = RewardExtras(trainer_state=self.state)
         rewards_per_func, rewards = compute_rewards(
             self.reward_funcs,
-            repeat_for_group(batch["prompt"], config.num_generations),
-            rollout.completions,
+            prompts,
+            as_trl_completions(prompts, rollout.completions),  # chat prompts: [{"role": "assistant", ...}] each
             rollout.completion_id_lists(),
             columns,
             config.reward_weights,
             config.reward_timeout,
+            extras,
         )
-        timing = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
-        return rollout, rewards_per_func, rewards, timing
+        self.completion_extras = extras.extra_columns
+        # TRL's num_tokens: prompt + completion tokens generated for training so far, over every process
+        self.num_tokens += distributed.global_sum(rollout.prompt_mask) + distributed.global_sum(rollout.completion_mask)
+        metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
+        metrics.update(extras.metric_means())  # what the reward functions logged with log_metric
+        return rollout, rewards_per_func, rewards, metrics
 
     def rollout_metrics(self, rollout: Rollout, rewards_per_func: torch.Tensor, rewards: torch.Tensor) -> dict:
         """What the completions scored and how long they were (TRL's names)."""
@@ -394,14 +532,22 @@ class Trainer(CheckpointMixin):
     def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         raise NotImplementedError
 
-    def evaluate(self) -> dict:
-        """Greedy accuracy on the held-out set (see evaluate_model)."""
-        return evaluate_model(self.model, self.tokenizer, self.eval_dataset, self.reward_funcs, self.config)
+    def evaluate(self, eval_dataset=None) -> dict:
+        """Greedy accuracy on the held-out set (eval_dataset, or the trainer's): TRL's eval_reward and
+        eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model)."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError(
+                "evaluate() needs held-out prompts: pass eval_dataset= to the trainer or to evaluate(eval_dataset)."
+            )
+        metrics = evaluate_model(self.model, self.tokenizer, dataset, self.reward_funcs, self.config)
+        self.callback_handler.fire("on_evaluate", self, metrics=metrics)
+        return metrics
 
     def _log(self, metrics: dict) -> None:
-        epoch = self.sampler.epoch + self.sampler.position / self.sampler.dataset_size
-        metrics = {"step": self.step, "epoch": round(epoch, 4), **metrics}
+        metrics = {"step": self.step, "epoch": self.state.epoch, "num_tokens": self.num_tokens, **metrics}
         self.history.append(metrics)
+        self.callback_handler.fire("on_log", self, logs=metrics)
         if not distributed.is_main_process():
             return
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
@@ -467,7 +613,8 @@ class GRPOTrainer(Trainer):
         trainer = GRPOTrainer(model, [correctness_reward], GRPOConfig.tiny_cpu(), train_dataset,
                              processing_class=tokenizer)
         # or, as in TRL: GRPOTrainer(model="tiny", reward_funcs=..., args=..., train_dataset=...)
-        history = trainer.train()
+        trainer.train()
+        history = trainer.state.log_history  # one dict per logged step
 
     Under ``torchrun --nproc-per-node K`` the same code trains data-parallel (minigrpo.run.distributed).
     """

@@ -8,8 +8,9 @@ them). Three kinds of TRL field need a rule, and each rule lives here:
   steps_per_generation, gradient_accumulation_steps and prompts_per_step are
   derived from whichever of them a config gives, as TRL derives them;
 - switches minigrpo accepts only at the value it implements (use_vllm, fp16,
-  remove_unused_columns, report_to: ``check_trl_switches``), kept as fields so
-  that ``HfArgumentParser`` reads a TRL recipe that passes them;
+  remove_unused_columns, report_to, trust_remote_code, push_to_hub:
+  ``check_trl_switches``), kept as fields so that ``HfArgumentParser`` and
+  ``TrlParser`` read a TRL recipe that passes them;
 - any other TRL keyword (``refuse_unknown_fields``): one clear error that
   names the field and says what minigrpo does instead.
 """
@@ -34,7 +35,6 @@ INSTEAD = {
     "deepspeed": "minigrpo scales with torch.distributed (torchrun); DeepSpeed ZeRO is TRL's domain (lesson 08)",
     "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see the README's 'Scaling out'",
     "vllm_mode": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
-    "push_to_hub": "save with trainer.save_model(path), then push that folder with huggingface_hub",
     "hub_model_id": "save with trainer.save_model(path), then push that folder with huggingface_hub",
     "log_completions": "completions are in the rollout; print a few with trainer.collect_rollout()",
     "num_completions_to_print": "completions are in the rollout; print a few with trainer.collect_rollout()",
@@ -42,7 +42,6 @@ INSTEAD = {
     "logging_strategy": "metrics are logged every logging_steps optimizer steps",
     "logging_first_step": "metrics are logged every logging_steps optimizer steps",
     "save_only_model": "checkpoints hold everything exact resume needs; trainer.save_model(path) writes the model",
-    "resume_from_checkpoint": "pass it to train(resume_from_checkpoint=True or a path), as in TRL",
     "torch_compile": "set fast_generation=True for the compiled decoding path on a GPU",
     "use_liger_kernel": "log-probs are computed in chunks (logprob_chunk_size) instead",
     "entropy_coef": "GRPO's loss has no entropy bonus here (PPOConfig has entropy_coef)",
@@ -95,7 +94,17 @@ def check_trl_switches(config) -> None:
             "remove_unused_columns=True: GRPO's reward functions receive the dataset's other columns (e.g. "
             "`answer`), so minigrpo keeps them, as TRL's GRPO does by default. Set it to False."
         )
-    if config.report_to not in ("none", None, []):
+    if config.trust_remote_code:
+        raise ValueError(
+            "trust_remote_code=True: minigrpo never runs code shipped in a model folder. Use a model whose "
+            "architecture transformers implements (Qwen2 and its kin), and set trust_remote_code=False."
+        )
+    if config.push_to_hub:
+        raise ValueError(
+            "push_to_hub=True: minigrpo does not upload. Save with trainer.save_model(path), then push that folder "
+            "with huggingface_hub (HfApi().upload_folder)."
+        )
+    if config.report_to not in ("none", None, [], ["none"]):
         raise ValueError(
             f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
             "trainer.state.log_history only. Set report_to='none' (plot with "
@@ -182,3 +191,18 @@ def resolve_batch_sizes(config, processes: int = 1) -> None:
             f"{c.gradient_accumulation_steps}: each generation must feed whole optimizer steps."
         )
     c.prompts_per_step = c.generation_batch_size // G
+
+
+def check_trl_keywords(optimizers, quantization_config) -> None:
+    """The GRPOTrainer keywords of TRL that minigrpo accepts only in the form it implements."""
+    if tuple(optimizers or (None, None)) != (None, None):
+        raise ValueError(
+            "optimizers=(optimizer, scheduler): minigrpo builds its AdamW and learning-rate schedule from the "
+            "config. Set learning_rate, adam_beta1, adam_beta2, weight_decay, lr_scheduler_type and warmup_steps "
+            "(the same fields work in TRL), and drop optimizers."
+        )
+    if quantization_config is not None and not getattr(quantization_config, "load_in_4bit", False):
+        raise ValueError(
+            "quantization_config: minigrpo quantizes only to 4 bits (QLoRA, BitsAndBytesConfig(load_in_4bit=True)) "
+            "and trains adapters on top (pass a peft_config)."
+        )

@@ -158,6 +158,14 @@ def group_seeds(seed: int, step: int, groups) -> list[int]:
 
 
 # --- numbers that span the whole step -----------------------------------------------------------
+def global_sum(values: torch.Tensor) -> int:
+    """The sum of `values` over every process (every rank must call it); in one process, its own sum."""
+    total = values.sum().to(torch.float64)
+    if is_distributed():
+        dist.all_reduce(total)
+    return int(total.item())
+
+
 def step_token_count(loss_mask: torch.Tensor) -> float:
     """dapo's normaliser as each rank must use it: (tokens in the whole step) / K.
 

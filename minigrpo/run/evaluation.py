@@ -1,11 +1,11 @@
-"""Greedy held-out evaluation: the number a course reports before and after training (eval/accuracy)."""
+"""Greedy held-out evaluation: the number a course reports before and after training (eval_accuracy)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from minigrpo.config import GRPOConfig
-from minigrpo.rewards import compute_rewards, reward_func_name
+from minigrpo.rewards import as_trl_completions, compute_rewards, reward_func_name
 from minigrpo.rollout import completion_mask_from_eos, eos_token_ids, generate_completions, tokenize_prompts
 from minigrpo.run import distributed
 
@@ -33,8 +33,10 @@ def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> l
 
 
 def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
-    """Greedy held-out evaluation: eval/accuracy (mean of the first reward function) and each reward's mean.
-    Under torchrun every rank must call it: the prompts are shared out and the completions gathered."""
+    """Greedy held-out evaluation, under TRL's names: eval_reward (the weighted sum's mean) and
+    eval_rewards/<name>/mean for each reward function, and minigrpo's eval_accuracy (the first reward
+    function's mean: the correctness reward in the course). Under torchrun every rank must call it: the
+    prompts are shared out and the completions gathered."""
     prompts = list(dataset["prompt"])
     # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
     completion_ids = distributed.map_shards(lambda part: greedy_completion_ids(model, tokenizer, part, config), prompts)
@@ -43,13 +45,13 @@ def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], 
     rewards_per_func, rewards = compute_rewards(
         reward_funcs,
         prompts,
-        completions,
+        as_trl_completions(prompts, completions),  # chat prompts: [{"role": "assistant", "content": ...}] each
         completion_ids,  # the real ids: a length-based reward reads the same lengths as in training
         columns,
         config.reward_weights,
         config.reward_timeout,
     )
-    metrics = {"eval/accuracy": rewards_per_func[:, 0].nanmean().item(), "eval/reward": rewards.mean().item()}
+    metrics = {"eval_accuracy": rewards_per_func[:, 0].nanmean().item(), "eval_reward": rewards.mean().item()}
     for f, func in enumerate(reward_funcs):
-        metrics[f"eval/rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
+        metrics[f"eval_rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
     return metrics

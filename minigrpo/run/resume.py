@@ -131,6 +131,8 @@ class CheckpointMixin:
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
+        # TRL's num_tokens goes on from the last logged count (metrics logged before num_tokens existed: 0)
+        self.num_tokens = next((int(row["num_tokens"]) for row in reversed(self.history) if "num_tokens" in row), 0)
         if distributed.is_main_process():
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
@@ -156,8 +158,9 @@ class CheckpointMixin:
         which load on top of the base model they name; ``merged=True`` writes the base model with the
         adapters merged into its weights instead (W + (alpha/r) BA: a plain model, as large as the base).
         The merge runs on a copy, so training can go on with the adapters as they were.
+        path: the folder (None: output_dir, as in TRL; `python -m minigrpo train` passes <output_dir>/final).
         """
-        path = Path(path) if path is not None else self.output_dir / "final"
+        path = Path(path) if path is not None else self.output_dir
         weights = distributed.full_state_dicts(self.model, self.optimizer)[0] if self._sharded else None
         if distributed.is_main_process():  # under torchrun: every rank calls it, rank 0 writes
             if merged and is_peft_model(self.model):
