@@ -186,22 +186,23 @@ def run_train(args: argparse.Namespace) -> None:
     model, tokenizer = load_checked(model_name)
     train_data = make_arithmetic_dataset(TRAIN_PROMPTS, "train", seed=config.seed)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=0)
-    reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
+    reward_funcs = [correctness_reward, format_reward]  # the first one is eval_accuracy
     processes = f" on {distributed.world_size()} processes" if distributed.is_distributed() else ""
     say(
         f"model {model_name} on {next(model.parameters()).device}{processes}; {config.max_steps} steps of "
         f"{config.prompts_per_step} prompts x G={config.num_generations}; output in {config.output_dir}"
     )
-    before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval/accuracy"]
+    before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
     trainer = GRPOTrainer(
         model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
     )
     started = time.perf_counter()
-    history = trainer.train(resume_from_checkpoint=args.resume, allow_config_change=args.allow_config_change)
-    final = trainer.save_model()
-    after = next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), None)
+    trainer.train(resume_from_checkpoint=args.resume, allow_config_change=args.allow_config_change)
+    history = trainer.state.log_history
+    final = trainer.save_model(Path(config.output_dir) / "final")
+    after = next((m["eval_accuracy"] for m in reversed(history) if "eval_accuracy" in m), None)
     if after is None:  # nothing evaluated in this run (e.g. resumed at max_steps): evaluate now
-        after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval/accuracy"]
+        after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
     say(f"trained in {time.perf_counter() - started:.0f}s; model saved to {final}")
     say(f"accuracy before: {before:.3f} after: {after:.3f}")
     distributed.teardown()
@@ -216,7 +217,7 @@ def run_eval(args: argparse.Namespace) -> None:
     model, tokenizer = load_checked(model_name)
     config = GRPOConfig(max_prompt_length=256, max_completion_length=128, eval_batch_size=128)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=args.seed)
-    accuracy = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval/accuracy"]
+    accuracy = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval_accuracy"]
     print(f"accuracy: {accuracy:.3f} ({args.eval_size} held-out problems, greedy) for {args.model}")
 
 

@@ -293,7 +293,8 @@ class PPOTrainer(Trainer):
 
         trainer = PPOTrainer(model, [correctness_reward], PPOConfig.tiny_cpu(), train_dataset,
                             processing_class=tokenizer)
-        history = trainer.train()
+        trainer.train()
+        history = trainer.state.log_history  # one dict per logged step
 
     The critic is a fourth model (`self.critic`), checkpointed next to the
     policy in checkpoint-N/critic/. The signature is GRPOTrainer's (TRL's order), plus keyword-only

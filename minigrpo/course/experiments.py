@@ -61,14 +61,14 @@ def train_short_run(
 
 
 def summarize_run(history: Sequence[dict], last: int = 5) -> dict:
-    """Mean of each metric over the last `last` steps that logged it (eval/* : the last value)."""
+    """Mean of each metric over the last `last` steps that logged it (eval_* : the last value)."""
     if not history:
         raise ValueError("the history is empty: train for at least one step.")
     keys = {key for metrics in history for key in metrics if key != "step"}
     summary = {}
     for key in sorted(keys):
         values = [m[key] for m in history if key in m]
-        window = values[-1:] if key.startswith("eval/") else values[-last:]
+        window = values[-1:] if key.startswith("eval_") else values[-last:]
         summary[key] = sum(window) / len(window)
     return summary
 

@@ -31,7 +31,7 @@ from minigrpo.losses import clipped_surrogate, kl_penalty
 
 DEFAULT_CURVE_KEYS = (
     "reward",
-    "eval/accuracy",
+    "eval_accuracy",
     "kl",
     "entropy",
     "clip_ratio/region_mean",
@@ -44,7 +44,7 @@ ALGORITHM_COLORS = {"grpo": "tab:blue", "ppo": "tab:orange"}
 
 # --- training curves ----------------------------------------------------------------
 def load_history(history: Sequence[dict] | str | Path) -> list[dict]:
-    """A metric history: a list of dicts (trainer.train()'s return) or the path of a metrics.jsonl."""
+    """A metric history: a list of dicts (trainer.state.log_history) or the path of a metrics.jsonl."""
     if isinstance(history, str | Path):
         lines = Path(history).read_text().splitlines()
         return [json.loads(line) for line in lines if line.strip()]
@@ -52,7 +52,7 @@ def load_history(history: Sequence[dict] | str | Path) -> list[dict]:
 
 
 def metric_series(history: Sequence[dict], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of one metric, only at the steps that logged it (eval/accuracy is sparse)."""
+    """(steps, values) of one metric, only at the steps that logged it (eval_accuracy is sparse)."""
     steps, values = [], []
     for index, record in enumerate(history):
         value = record.get(key)
@@ -74,7 +74,7 @@ def plot_training_curves(
 ) -> Figure:
     """One small panel per metric against the training step; metrics absent from the history are skipped.
 
-    history: trainer.train()'s list of metric dicts, or a path to <output_dir>/metrics.jsonl.
+    history: trainer.state.log_history (a list of metric dicts), or a path to <output_dir>/metrics.jsonl.
     keys: metric names (TRL's); default DEFAULT_CURVE_KEYS.
     """
     history = load_history(history)
@@ -84,7 +84,7 @@ def plot_training_curves(
     nrows = max(1, math.ceil(len(series) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.8 * nrows), squeeze=False)
     for ax, (key, (steps, values)) in zip(axes.flat, series.items(), strict=False):
-        sparse = len(steps) < max(2, len(history) // 2)  # eval/accuracy: a few points, show them
+        sparse = len(steps) < max(2, len(history) // 2)  # eval_accuracy: a few points, show them
         ax.plot(steps, values, marker="o" if sparse or len(steps) < 20 else None, markersize=4)
         ax.set_title(key, fontsize=10)
         step_axis(ax)
@@ -415,7 +415,7 @@ def plot_ppo_vs_grpo(results: dict) -> Figure:
 
     results: {"device", "model", "algorithms": {name: {"params", "peak_memory_bytes",
     "seconds_per_step": {"rollout", "scoring", "update"}, "curve": {"completions", "reward",
-    "eval/accuracy"}}}} (the benchmark's schema; eval/accuracy entries may be None).
+    "eval_accuracy"}}}} (the benchmark's schema; eval_accuracy entries may be None).
     """
     algorithms = results["algorithms"]
     names = list(algorithms)
@@ -440,7 +440,7 @@ def plot_ppo_vs_grpo(results: dict) -> Figure:
     axes["time"].set_title("time per step: rollout / scoring / update (dark to light)", fontsize=10)
     axes["time"].legend(fontsize=8)
 
-    for key, panel in (("reward", "reward"), ("eval/accuracy", "accuracy")):
+    for key, panel in (("reward", "reward"), ("eval_accuracy", "accuracy")):
         ax = axes[panel]
         for name, color in zip(names, colors, strict=True):
             curve = algorithms[name]["curve"]
@@ -497,7 +497,7 @@ def plot_curves_with_bands(study: dict) -> Figure:
 def plot_diagnostics(history: Sequence[dict] | str | Path, title: str | None = None) -> Figure:
     """Where the signal went, per step: three panels that read together. Returns the figure.
 
-    history: trainer.train()'s list of metric dicts, or a path to <output_dir>/metrics.jsonl (PPO's too).
+    history: trainer.state.log_history (a list of metric dicts), or a path to <output_dir>/metrics.jsonl (PPO's too).
 
     1. groups with zero reward std, stacked: all wrong (red, no answer to reinforce: too hard) under all
        correct (green: already solved); the black line is TRL's frac_reward_zero_std, their sum.

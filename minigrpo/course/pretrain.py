@@ -136,7 +136,7 @@ def pretrain_tiny(
         f"until held-out accuracy >= {target_accuracy}"
     )
     started = time.perf_counter()
-    metrics = {"eval/accuracy": 0.0}
+    metrics = {"eval_accuracy": 0.0}
     for step in range(max_steps):
         model.train()
         rows = train[step * batch_size : (step + 1) * batch_size]
@@ -150,15 +150,15 @@ def pretrain_tiny(
             model.eval()
             metrics = evaluate_model(model, tokenizer, test, [correctness_reward], eval_config)
             print(
-                f"step {step + 1:4d}  loss {loss.item():.3f}  held-out accuracy {metrics['eval/accuracy']:.3f}"
+                f"step {step + 1:4d}  loss {loss.item():.3f}  held-out accuracy {metrics['eval_accuracy']:.3f}"
                 f"  ({time.perf_counter() - started:.0f}s)",
                 flush=True,
             )
-            if metrics["eval/accuracy"] >= target_accuracy:
+            if metrics["eval_accuracy"] >= target_accuracy:
                 break
     model.eval()
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
-    print(f"held-out accuracy {metrics['eval/accuracy']:.3f} after {step + 1} steps; saved to {output_dir}")
+    print(f"held-out accuracy {metrics['eval_accuracy']:.3f} after {step + 1} steps; saved to {output_dir}")
     return metrics

@@ -267,7 +267,8 @@ def run_with_bug(bug: str | None, max_steps: int, seed: int = 0) -> list[dict]:
             bug=bug,
         )
         with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull), single_thread():
-            return trainer.train()  # no progress bar in the notebook
+            trainer.train()  # no progress bar in the notebook
+        return trainer.state.log_history
 
 
 def diagnostics_table(histories: dict[str, list[dict]], steps: Sequence[int] | None = None) -> str:

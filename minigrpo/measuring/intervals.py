@@ -85,7 +85,7 @@ def value_at(xs: list[float], ys: list, x: float, start: float):
 def band(runs: list[dict], x_key: str, y_key: str, grid: list[float], start_key: str | None = None) -> dict:
     """Mean and 95% t-interval over seeds of each run's curve, read at the same x (value_at) on `grid`.
 
-    runs: run_algorithm results; x_key "completions" or "seconds"; y_key "eval/accuracy" or
+    runs: run_algorithm results; x_key "completions" or "seconds"; y_key "eval_accuracy" or
     "values/explained_variance"; start_key: the run's value at x = 0 ("accuracy_before"), else NaN.
     Returns {"x": grid, "mean", "low", "high"}: lists as long as grid.
     """

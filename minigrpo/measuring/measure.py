@@ -159,7 +159,7 @@ def _curve(history: list[dict], completions_per_step: int) -> dict[str, list]:
         "completions": [m["step"] * completions_per_step for m in history],
         "seconds": seconds,
         "reward": [m["reward"] for m in history],
-        "eval/accuracy": [m.get("eval/accuracy") for m in history],
+        "eval_accuracy": [m.get("eval_accuracy") for m in history],
         "values/explained_variance": [m.get("values/explained_variance") for m in history],
     }
 
@@ -207,7 +207,7 @@ def run_algorithm(
 ) -> dict:
     """Train one algorithm and measure it; meant to run alone in a fresh process (see compare_ppo_grpo).
 
-    evaluate_on="test": eval/accuracy is on `eval_size` held-out test problems; "validation": on the
+    evaluate_on="test": eval_accuracy is on `eval_size` held-out test problems; "validation": on the
     `validation_size` training problems held back from training (training_problems), for choosing
     hyper-parameters without ever looking at the test set. Training never sees the validation problems
     (when validation_size > 0) in either case, so tuning and final runs train on the same problems.
@@ -244,11 +244,12 @@ def run_algorithm(
     config = config_class.for_model(
         model, **{**overrides, "output_dir": f"{output_dir}/{algorithm}", "overwrite_output_dir": True}
     )
-    reward_funcs = [correctness_reward, format_reward]  # the first one is eval/accuracy
+    reward_funcs = [correctness_reward, format_reward]  # the first one is eval_accuracy
     trainer = trainer_class(policy, reward_funcs, config, train_data, eval_data, processing_class=tokenizer)
-    accuracy_before = trainer.evaluate()["eval/accuracy"]
+    accuracy_before = trainer.evaluate()["eval_accuracy"]
     started = time.perf_counter()
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     seconds = time.perf_counter() - started
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated()
@@ -260,7 +261,7 @@ def run_algorithm(
         "seconds_per_step": _seconds_per_step(history),
         "curve": _curve(history, config.num_completions),
         "accuracy_before": accuracy_before,
-        "accuracy": next((m["eval/accuracy"] for m in reversed(history) if "eval/accuracy" in m), accuracy_before),
+        "accuracy": next((m["eval_accuracy"] for m in reversed(history) if "eval_accuracy" in m), accuracy_before),
         "train_seconds": seconds,
         "config": {k: v for k, v in asdict(config).items() if not isinstance(v, list)},
     }

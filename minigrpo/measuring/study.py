@@ -31,7 +31,7 @@ def study_summary(runs: dict[str, list[dict]], last_steps: int = 5) -> dict:
     per_seed = {}
     for name, results in runs.items():
         at_tau = [
-            value_at(r["curve"]["seconds"], r["curve"]["eval/accuracy"], tau, r["accuracy_before"]) for r in results
+            value_at(r["curve"]["seconds"], r["curve"]["eval_accuracy"], tau, r["accuracy_before"]) for r in results
         ]
         per_seed[name] = [{"end": r["accuracy"], "tau": t} for r, t in zip(results, at_tau, strict=True)]
         entry = {
@@ -176,8 +176,8 @@ def study_bands(runs: dict[str, list[dict]], seconds: float, points: int = 40) -
         own_longest = max(r["curve"]["seconds"][-1] for r in results)
         own_grid = [x for x in time_grid if x < own_longest] + [own_longest]
         bands[name] = {
-            "completions": band(results, "completions", "eval/accuracy", completions, "accuracy_before"),
-            "seconds": band(results, "seconds", "eval/accuracy", own_grid, "accuracy_before"),
+            "completions": band(results, "completions", "eval_accuracy", completions, "accuracy_before"),
+            "seconds": band(results, "seconds", "eval_accuracy", own_grid, "accuracy_before"),
         }
         if all(v is not None for r in results for v in r["curve"]["values/explained_variance"]):
             bands[name]["explained_variance"] = band(

@@ -10,7 +10,7 @@ frac_reward_zero_std/all_wrong       | those in which no completion is correct; 
 advantages/std                       | the std of the advantages within each group, averaged over groups
 completions/distinct_per_group       | how many different completions (token sequences) a group holds, 1..G
 
-"Correct" is read from the accuracy reward: the first reward function, the one eval/accuracy reports
+"Correct" is read from the accuracy reward: the first reward function, the one eval_accuracy reports
 (so put it first, as the course does), and a completion is correct when that function scored it above 0.
 PPO logs them too, except advantages/std: its advantages are per token (GAE), not per group.
 """
