@@ -59,7 +59,8 @@ def run(out_dir: Path, spec: dict) -> None:
     reward = failing_reward(spec["fail_on_rank"]) if "fail_on_rank" in spec else correctness_reward
     dataset = make_arithmetic_dataset(n=64, split="train", seed=1)
     trainer = GRPOTrainer(model, [reward], config, dataset, processing_class=tokenizer)
-    history = trainer.train(resume_from_checkpoint=spec.get("resume", False))
+    trainer.train(resume_from_checkpoint=spec.get("resume", False))
+    history = trainer.state.log_history
     torch.save(
         {"weights": full_state(model), "history": history}, out_dir / f"{spec['name']}.rank{distributed.rank()}.pt"
     )

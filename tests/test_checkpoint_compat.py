@@ -115,7 +115,8 @@ def test_a_0_1_run_resumes_at_step_2_and_takes_one_more_step(run_dir):
 
     trainer = make_trainer(run_dir, on_reward=record)
 
-    history = trainer.train(resume_from_checkpoint=True)
+    trainer.train(resume_from_checkpoint=True)
+    history = trainer.state.log_history
 
     assert len(at_rewards) == 1, "one step after the resume (the run was at step 2 of 3)"
     assert_holds(at_rewards[0], stored_weights())  # step 3 started from the 0.1.0 weights

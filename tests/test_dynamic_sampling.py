@@ -233,7 +233,8 @@ def test_trainer_trains_on_what_was_kept_when_rounds_run_out(tiny, train_dataset
     model, tokenizer = tiny
     config = refill_config.replace(max_num_gen_batches=1)
     trainer = RecordingTrainer(model, [even_answers_vary], config, train_dataset, processing_class=tokenizer)
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     plan = expected_rounds(train_dataset, config, steps=1)
     assert [m["dynamic_sampling/groups_kept"] for m in history] == [kept for _, kept, _ in plan]
     assert any(kept < config.prompts_per_step for _, kept, _ in plan), plan  # the rounds ran out
@@ -243,7 +244,9 @@ def test_trainer_trains_on_what_was_kept_when_rounds_run_out(tiny, train_dataset
     before = [p.detach().clone() for p in model.parameters()]
     constant = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
     constant_config = config.replace(overwrite_output_dir=True)
-    history = GRPOTrainer(model, [constant], constant_config, train_dataset, processing_class=tokenizer).train()
+    trained = GRPOTrainer(model, [constant], constant_config, train_dataset, processing_class=tokenizer)
+    trained.train()
+    history = trained.state.log_history
     assert [(m["dynamic_sampling/groups_kept"], m["grad_norm"]) for m in history] == [(0, 0.0)]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
@@ -255,7 +258,8 @@ def test_trainer_refills_to_exactly_b_groups_logs_the_cost_and_resumes_exactly(
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     config = refill_config.replace(max_steps=2, save_steps=1)
     straight = RecordingTrainer(model, [even_answers_vary], config, train_dataset, processing_class=tokenizer)
-    history = straight.train()
+    straight.train()
+    history = straight.state.log_history
     expected = {k: v.clone() for k, v in model.state_dict().items()}
 
     plan = expected_rounds(train_dataset, config, steps=2)

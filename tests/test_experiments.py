@@ -20,10 +20,10 @@ def test_simulate_disconnect_raises_on_the_chosen_call_only():
 
 def test_summarize_run_averages_the_last_steps():
     history = [{"step": s, "reward": float(s)} for s in range(1, 7)]
-    history[2]["eval/accuracy"] = 0.25
-    history[5]["eval/accuracy"] = 0.5
+    history[2]["eval_accuracy"] = 0.25
+    history[5]["eval_accuracy"] = 0.5
     summary = summarize_run(history, last=3)
-    assert summary == {"reward": 5.0, "eval/accuracy": 0.5}
+    assert summary == {"reward": 5.0, "eval_accuracy": 0.5}
     with pytest.raises(ValueError):
         summarize_run([])
 
@@ -43,7 +43,7 @@ def test_train_short_run_with_dynamic_sampling_learns(train_dataset, eval_datase
     assert trainer.config.dynamic_sampling
     assert [m["step"] for m in trainer.history] == [1, 2]
     assert all(0.0 <= m["dynamic_sampling/kept_fraction"] <= 1.0 for m in trainer.history)
-    assert 0.0 <= trainer.history[-1]["eval/accuracy"] <= 1.0
+    assert 0.0 <= trainer.history[-1]["eval_accuracy"] <= 1.0
 
 
 def test_interrupted_run_resumes_to_the_same_weights(tiny, train_dataset, small_config):
@@ -73,6 +73,7 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny, train_dataset, small_
     resumed = GRPOTrainer(
         fresh, [correctness_reward], args=interrupted, train_dataset=train_dataset, processing_class=tok
     )
-    history = resumed.train(resume_from_checkpoint=True)
+    resumed.train(resume_from_checkpoint=True)
+    history = resumed.state.log_history
     assert [m["step"] for m in history] == [1, 2, 3, 4]
     assert all(torch.equal(a, b) for a, b in zip(reference, fresh.parameters(), strict=True))

@@ -87,7 +87,9 @@ def test_a_nan_metric_is_written_as_null_and_metrics_stay_json(tiny, train_datas
     def never_applies(prompts, completions, completion_ids, **columns):
         return [None] * len(completions)  # its mean over the batch is NaN
 
-    history = make(tiny, train_dataset, small_config.replace(max_steps=2), [correctness_reward, never_applies]).train()
+    trained = make(tiny, train_dataset, small_config.replace(max_steps=2), [correctness_reward, never_applies])
+    trained.train()
+    history = trained.state.log_history
     assert math.isnan(history[0]["rewards/never_applies/mean"])  # the returned history keeps NaN
     rows = metric_rows(small_config.output_dir)
     assert [row["step"] for row in rows] == [1, 2] and rows[0]["rewards/never_applies/mean"] is None
@@ -131,7 +133,9 @@ def test_resume_with_nothing_to_resume_seeds_a_fresh_run_and_drops_old_metrics(
     (output / METRICS_FILE).write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')  # a run that died unsaved
     random.seed(12345)
     torch.manual_seed(12345)  # state left over from other work: the run must seed itself anyway
-    history = make(tiny, train_dataset, config).train(resume_from_checkpoint=True)
+    resumed = make(tiny, train_dataset, config)
+    resumed.train(resume_from_checkpoint=True)
+    history = resumed.state.log_history
     assert f"no checkpoint in {output} to resume: starting a fresh run (seed 0)" in capsys.readouterr().out
     assert_same_weights(model, expected)
     assert [row["step"] for row in history] == [1]
@@ -150,7 +154,8 @@ def test_resume_falls_back_past_a_truncated_checkpoint_with_a_warning(tiny, trai
     model.load_state_dict(initial)
     trainer = make(tiny, train_dataset, config)
     with pytest.warns(UserWarning, match=r"skipped checkpoint-3: .*model.safetensors is truncated or corrupt"):
-        history = trainer.train(resume_from_checkpoint=True)
+        trainer.train(resume_from_checkpoint=True)
+        history = trainer.state.log_history
     assert [row["step"] for row in history] == [1, 2, 3]  # step 3 was trained again, from checkpoint-2
     assert_same_weights(model, expected)
 
@@ -197,7 +202,8 @@ def test_resume_with_other_settings_is_refused_unless_allowed(tiny, train_datase
     longer = make(tiny, train_dataset, config.replace(max_steps=2, learning_rate=1e-4))
     longer.train(resume_from_checkpoint=True, allow_config_change=True)
     assert longer.step == 2 and longer.history[-1]["learning_rate"] == pytest.approx(1e-4)  # the new rate applies
-    assert make(tiny, train_dataset, config.replace(max_steps=3, learning_rate=1e-4)).train(True)[-1]["step"] == 3
+    same = make(tiny, train_dataset, config.replace(max_steps=3, learning_rate=1e-4))
+    assert same.train(True).global_step == same.state.log_history[-1]["step"] == 3
 
 
 # --- failures around the step --------------------------------------------------------------------
@@ -217,7 +223,9 @@ def test_a_failure_while_evaluating_saves_the_step_and_resumes_exactly(tiny, tra
         make(tiny, train_dataset, config, trainer_class=EvaluationFails, eval_dataset=eval_dataset).train()
     assert latest_checkpoint(config.output_dir).name == "checkpoint-2"
     model.load_state_dict(initial)
-    history = make(tiny, train_dataset, config).train(resume_from_checkpoint=True)
+    resumed = make(tiny, train_dataset, config)
+    resumed.train(resume_from_checkpoint=True)
+    history = resumed.state.log_history
     assert [row["step"] for row in history] == [1, 2, 3]
     assert [row["step"] for row in metric_rows(config.output_dir)] == [1, 2, 3]
     assert_same_weights(model, expected)

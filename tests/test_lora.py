@@ -59,7 +59,8 @@ def test_lora_run_trains_only_the_adapters_and_raises_reward(tiny, train_dataset
     assert optimized == {id(p) for p in adapters.values()}  # the optimizer holds the adapters and nothing else
     assert all(p.requires_grad for p in adapters.values())
     initial_adapters = {name: p.detach().clone() for name, p in adapters.items()}
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
 
     base = {  # the base weights under their names before wrapping: ...q_proj.base_layer.weight -> ...q_proj.weight
         name.removeprefix("base_model.model.").replace(".base_layer", ""): p
@@ -166,7 +167,8 @@ def test_interrupted_lora_run_resumes_to_identical_adapters(tiny, train_dataset,
     assert (checkpoint / "adapter_model.safetensors").exists() and not (checkpoint / "model.safetensors").exists()
 
     resumed = trainer_for(correctness_reward, interrupted_config)  # a fresh process: fresh adapters
-    history = resumed.train(resume_from_checkpoint=True)
+    resumed.train(resume_from_checkpoint=True)
+    history = resumed.state.log_history
     for name, value in weights(resumed.model).items():
         torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
     assert [m["step"] for m in history] == [1, 2, 3, 4]
@@ -225,7 +227,8 @@ def test_trl_keyword_script_accepts_peft_config(train_dataset, small_config):
         train_dataset=train_dataset,
         peft_config=lora_config(r=8, lora_alpha=16),
     )
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     assert is_peft_model(trainer.model) and len(history) == 1
 
 
@@ -287,4 +290,5 @@ def test_qlora_step_on_a_gpu(train_dataset, small_config):
         processing_class=tokenizer, peft_config=lora_config(),
     )  # fmt: skip
     assert isinstance(trainer.ref_model, AdaptersDisabled)
-    assert trainer.train()[0]["grad_norm"] >= 0
+    trainer.train()
+    assert trainer.state.log_history[0]["grad_norm"] >= 0

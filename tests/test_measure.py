@@ -61,7 +61,7 @@ def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
     assert result["params"]["reference"] == {"trainable": 0, "frozen": result["params"]["policy"]["trainable"]}
     assert result["peak_memory_bytes"] > 0
     assert set(result["seconds_per_step"]) == {"rollout", "scoring", "update"}
-    assert result["curve"]["completions"] == [8] and len(result["curve"]["eval/accuracy"]) == 1
+    assert result["curve"]["completions"] == [8] and len(result["curve"]["eval_accuracy"]) == 1
     results = {"device": "cpu", "model": "tiny", "algorithms": {"grpo": result, "ppo": result}}
     assert summary(results)["peak_memory_ratio"] == 1.0
     assert "peak memory GRPO / PPO = 1.00" in format_table(results)
@@ -76,7 +76,7 @@ RESULT = {
     "params": {"policy": {"trainable": 10, "frozen": 0}, "reference": {"trainable": 0, "frozen": 10}},
     "peak_memory_bytes": 2**20,
     "seconds_per_step": {"rollout": 1.0, "scoring": 0.1, "update": 2.0},
-    "curve": {"completions": [8, 16], "reward": [0.1, 0.2], "eval/accuracy": [None, 0.3]},
+    "curve": {"completions": [8, 16], "reward": [0.1, 0.2], "eval_accuracy": [None, 0.3]},
     "accuracy_before": 0.2,
     "accuracy": 0.3,
     "train_seconds": 3.0,
@@ -121,10 +121,10 @@ def test_value_at_reads_the_last_evaluation_at_or_before_x():
 
 def test_band_is_the_interval_over_runs_at_each_x():
     runs = [
-        {"accuracy_before": 0.2, "curve": {"seconds": [1.0, 2.0], "eval/accuracy": [0.4, 0.6]}},
-        {"accuracy_before": 0.4, "curve": {"seconds": [1.5, 3.0], "eval/accuracy": [0.6, 0.8]}},
+        {"accuracy_before": 0.2, "curve": {"seconds": [1.0, 2.0], "eval_accuracy": [0.4, 0.6]}},
+        {"accuracy_before": 0.4, "curve": {"seconds": [1.5, 3.0], "eval_accuracy": [0.6, 0.8]}},
     ]
-    curve = band(runs, "seconds", "eval/accuracy", [0.0, 1.0, 2.0, 3.0], "accuracy_before")
+    curve = band(runs, "seconds", "eval_accuracy", [0.0, 1.0, 2.0, 3.0], "accuracy_before")
     assert curve["x"] == [0.0, 1.0, 2.0, 3.0]
     assert curve["mean"] == pytest.approx([0.3, 0.4, 0.6, 0.7])  # at 1.0: run 1 has 0.4, run 2 still its 0.4
     assert curve["high"][2] == pytest.approx(0.6) and curve["low"][2] == pytest.approx(0.6)  # equal values
@@ -163,7 +163,7 @@ def seeded_run(accuracies, seconds, before=0.3, variance=None):
             "completions": [8, 16],
             "seconds": seconds,
             "reward": [0.1, 0.2],
-            "eval/accuracy": accuracies,
+            "eval_accuracy": accuracies,
             "values/explained_variance": variance or [None, None],
         },
         "config": {"learning_rate": 3e-4},

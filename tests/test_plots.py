@@ -49,19 +49,19 @@ def visible_axes(fig):
 # --- training curves ----------------------------------------------------------------------
 HISTORY = [
     {"step": 1, "reward": 0.5, "kl": 0.0, "entropy": 1.5, "loss": 0.0},
-    {"step": 2, "reward": 0.6, "kl": 0.01, "entropy": 1.4, "loss": 0.1, "eval/accuracy": 0.4},
+    {"step": 2, "reward": 0.6, "kl": 0.01, "entropy": 1.4, "loss": 0.1, "eval_accuracy": 0.4},
     {"step": 3, "reward": 0.8, "kl": 0.02, "entropy": 1.2, "loss": 0.2},
-    {"step": 4, "reward": 0.9, "kl": 0.03, "entropy": 1.1, "loss": 0.3, "eval/accuracy": 0.7},
+    {"step": 4, "reward": 0.9, "kl": 0.03, "entropy": 1.1, "loss": 0.3, "eval_accuracy": 0.7},
 ]
 
 
 def test_training_curves_plot_the_logged_values_and_skip_absent_keys():
     fig = plot_training_curves(HISTORY, title="run")
     axes = {ax.get_title(): ax for ax in visible_axes(fig)}
-    assert set(axes) == {"reward", "eval/accuracy", "kl", "entropy"}  # clip ratio, lengths... are absent
+    assert set(axes) == {"reward", "eval_accuracy", "kl", "entropy"}  # clip ratio, lengths... are absent
     x, y = axes["reward"].lines[0].get_data()
     assert list(x) == [1, 2, 3, 4] and list(y) == pytest.approx([0.5, 0.6, 0.8, 0.9], abs=1e-12)
-    x, y = axes["eval/accuracy"].lines[0].get_data()
+    x, y = axes["eval_accuracy"].lines[0].get_data()
     assert list(x) == [2, 4] and list(y) == pytest.approx([0.4, 0.7], abs=1e-12)  # only where it was logged
     assert fig._suptitle.get_text() == "run"
 
@@ -279,7 +279,7 @@ RESULTS = {
             "params": {"policy": {"trainable": 250_000, "frozen": 0}, "reference": {"trainable": 0, "frozen": 250_000}},
             "peak_memory_bytes": 100 * 2**20,
             "seconds_per_step": {"rollout": 0.5, "scoring": 0.1, "update": 0.2},
-            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.4, 0.5], "eval/accuracy": [0.4, None, 0.6]},
+            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.4, 0.5], "eval_accuracy": [0.4, None, 0.6]},
         },
         "ppo": {
             "params": {
@@ -289,7 +289,7 @@ RESULTS = {
             },
             "peak_memory_bytes": 150 * 2**20,
             "seconds_per_step": {"rollout": 0.5, "scoring": 0.1, "update": 0.4},
-            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.35, 0.45], "eval/accuracy": [0.4, None, 0.5]},
+            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.35, 0.45], "eval_accuracy": [0.4, None, 0.5]},
         },
     },
 }

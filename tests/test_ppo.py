@@ -157,7 +157,8 @@ def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_
     )
     policy_before = {n: p.detach().clone() for n, p in model.named_parameters()}
     critic_before = {n: p.detach().clone() for n, p in trainer.critic.named_parameters()}
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     assert all(not torch.equal(p, policy_before[n]) for n, p in model.named_parameters())
     assert all(not torch.equal(p, critic_before[n]) for n, p in trainer.critic.named_parameters())
     assert [group["lr"] for group in trainer.optimizer.param_groups] == [config.learning_rate, 1e-3]
@@ -166,7 +167,7 @@ def test_short_ppo_run_changes_policy_and_critic_and_logs_like_grpo(tiny, train_
     keys = ["reward", "rewards/correctness_reward/mean", "kl", "entropy", "loss", "loss/value", "grad_norm"]
     keys += ["clip_ratio/region_mean", "completions/mean_length", "time/rollout", "time/update", "time/scoring"]
     assert [key for key in keys if key not in rows[0]] == []
-    assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0 and "eval/accuracy" not in rows[0]
+    assert 0.0 <= rows[1]["eval_accuracy"] <= 1.0 and "eval_accuracy" not in rows[0]
 
 
 def test_ppo_resume_restores_the_critic(tiny, train_dataset, ppo_config, tmp_path):
@@ -290,7 +291,8 @@ def test_each_step_takes_epochs_times_mini_batches_optimizer_steps_and_one_sched
     tiny, train_dataset, ppo_config
 ):
     trainer = make_trainer(tiny, train_dataset, ppo_config, max_steps=2, num_ppo_epochs=3, num_mini_batches=2)
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     assert trainer.optimizer_steps == 2 * 3 * 2
     assert trainer.scheduler.last_epoch == 2  # the learning-rate schedule counts training steps, as TRL's
     assert {"values/explained_variance", "values/explained_variance_fitted", "values/grad_norm"} <= set(history[0])
@@ -318,7 +320,8 @@ def test_critic_warmup_trains_only_the_critic(tiny, train_dataset, ppo_config):
     trainer = make_trainer(tiny, train_dataset, ppo_config, max_steps=2, critic_warmup_steps=2)
     policy_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     head_before = trainer.critic.value_head.weight.detach().clone()
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     assert all(torch.equal(p, policy_before[n]) for n, p in trainer.model.named_parameters())
     assert not torch.equal(trainer.critic.value_head.weight, head_before)
     assert [m["critic_warmup"] for m in history] == [1.0, 1.0] and "loss/policy" not in history[0]
@@ -342,7 +345,8 @@ def test_the_critic_learns_a_return_it_can_predict(tiny, train_dataset, ppo_conf
         num_ppo_epochs=4, num_mini_batches=2, critic_learning_rate=3e-3, beta=0.0,
     )  # fmt: skip
     trainer = PPOTrainer(model, [first_digit_is_even], config, train_dataset, processing_class=tokenizer)
-    explained = [m["values/explained_variance"] for m in trainer.train()]
+    trainer.train()
+    explained = [m["values/explained_variance"] for m in trainer.state.log_history]
     assert abs(explained[0]) < 1e-6  # the zero head: V = 0 everywhere
     assert sum(explained[-3:]) / 3 > 0.2, explained
 

@@ -57,13 +57,13 @@ def test_a_trained_runs_folders_load_the_same_with_plain_transformers(tmp_path):
     trainer.train()
     final = trainer.save_model()
     eval_data = make_arithmetic_dataset(48, "test")
-    ours = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval/accuracy"]
+    ours = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval_accuracy"]
     for folder in (final, tmp_path / "run" / "checkpoint-2"):
         plain_tokenizer = AutoTokenizer.from_pretrained(folder)
         plain_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         assert_same_tokenizer(tokenizer, plain_tokenizer)
         theirs = evaluate_model(plain_model, plain_tokenizer, eval_data, [correctness_reward], config)
-        assert theirs["eval/accuracy"] == ours
+        assert theirs["eval_accuracy"] == ours
 
 
 def test_a_minigrpo_0_1_folder_is_a_clear_error(tmp_path):

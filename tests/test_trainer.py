@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minigrpo import GRPOTrainer, RewardFunctionError
+from minigrpo.rewards import completion_text
 from minigrpo.run.checkpoints import latest_checkpoint
 from minigrpo.run.schedule import PromptSampler
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
@@ -25,7 +26,8 @@ def test_short_run_changes_parameters_and_raises_reward(tiny, train_dataset, sma
         max_steps=30, prompts_per_step=16, num_generations=8, per_device_train_batch_size=128, save_steps=0
     )
     trainer = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer)
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[name])]
     assert len(changed) == len(list(model.parameters()))  # every parameter moved
     # Windows of 10 steps: one step's mean reward over 128 completions moves by about 0.03 from sampling alone. With
@@ -61,16 +63,18 @@ def test_metrics_file_uses_trl_names(tiny, train_dataset, eval_dataset, small_co
         assert row["frac_reward_zero_std/all_correct"] + row["frac_reward_zero_std/all_wrong"] == pytest.approx(total)
         assert row["advantages/std"] == pytest.approx(1.0 - total, abs=1e-3)
         assert 1.0 <= row["completions/distinct_per_group"] <= config.num_generations
-    assert 0.0 <= rows[1]["eval/accuracy"] <= 1.0
-    assert "eval/accuracy" not in rows[0]
+    assert 0.0 <= rows[1]["eval_accuracy"] <= 1.0
+    assert "eval_accuracy" not in rows[0]
 
 
 def test_loss_is_about_zero_on_policy_but_gradient_is_not(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=1, beta=0.0, save_steps=0)
-    history = GRPOTrainer(
+    trained = GRPOTrainer(
         model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
-    ).train()
+    )
+    trained.train()
+    history = trained.state.log_history
     assert abs(history[0]["loss"]) < 1e-6
     if history[0]["frac_reward_zero_std"] < 1:
         assert history[0]["grad_norm"] > 0
@@ -108,7 +112,8 @@ def test_interrupted_run_resumes_to_identical_weights(tiny, train_dataset, small
     resumed = GRPOTrainer(
         model, [correctness_reward], args=interrupted_config, train_dataset=train_dataset, processing_class=tokenizer
     )
-    history = resumed.train(resume_from_checkpoint=True)
+    resumed.train(resume_from_checkpoint=True)
+    history = resumed.state.log_history
     for name, value in weights(model).items():
         torch.testing.assert_close(value, expected[name], atol=0, rtol=0, msg=name)
     assert [m["step"] for m in history] == [1, 2, 3, 4]
@@ -195,9 +200,11 @@ def test_beta_zero_loads_no_reference_model(tiny, train_dataset, small_config):
 def test_variants_run(tiny, train_dataset, small_config, changes):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=1, save_steps=0, **changes)
-    history = GRPOTrainer(
+    trained = GRPOTrainer(
         model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
-    ).train()
+    )
+    trained.train()
+    history = trained.state.log_history
     assert all(torch.isfinite(torch.tensor(v)) for k, v in history[0].items() if isinstance(v, float))
 
 
@@ -267,8 +274,9 @@ def test_evaluation_passes_reward_functions_the_real_completion_ids(tiny, eval_d
 
     metrics = evaluate_model(model, tokenizer, eval_dataset.select(range(8)), [length_reward], small_config)
     assert len(seen) == 8 and all(len(ids) > 0 for _, ids in seen)
-    assert all(tokenizer.decode(ids, skip_special_tokens=True) == text for text, ids in seen)
-    assert metrics["eval/accuracy"] == sum(len(ids) for _, ids in seen) / 8
+    # chat prompts: each completion arrives as [{"role": "assistant", "content": text}], as in TRL
+    assert all(tokenizer.decode(ids, skip_special_tokens=True) == completion_text(c) for c, ids in seen)
+    assert metrics["eval_accuracy"] == sum(len(ids) for _, ids in seen) / 8
 
 
 @pytest.mark.parametrize("scheduler, warmup_steps", [("linear", 0), ("linear", 3), ("constant", 0), ("constant", 3)])
@@ -297,7 +305,9 @@ def test_a_run_with_the_linear_schedule_trains_and_logs_its_learning_rate(
 ):
     model, tokenizer = tiny
     config = small_config.replace(max_steps=4, lr_scheduler_type="linear", warmup_steps=warmup_steps, save_steps=0)
-    history = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer).train()
+    trained = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer)
+    trained.train()
+    history = trained.state.log_history
     rates = [row["learning_rate"] / config.learning_rate for row in history]
     expected = {0: [1.0, 0.75, 0.5, 0.25], 2: [0.0, 0.5, 1.0, 0.5]}[warmup_steps]  # transformers' factors
     assert rates == pytest.approx(expected)

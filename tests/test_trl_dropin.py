@@ -178,6 +178,7 @@ def test_a_generation_can_feed_several_optimizer_steps(tmp_path):
     rollouts = []
     collect = trainer.collect_rollout
     trainer.collect_rollout = lambda: rollouts.append(collect()) or rollouts[-1]
-    history = trainer.train()
+    trainer.train()
+    history = trainer.state.log_history
     assert [row["step"] for row in history] == [2, 4] and len(rollouts) == 2
     assert all(rollout.old_per_token_logps is not None for rollout, _, _ in rollouts)  # step 2 is off-policy

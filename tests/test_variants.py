@@ -62,13 +62,15 @@ def test_dynamic_sampling_trainer_skips_steps_without_signal(tiny, train_dataset
     )
     before = [p.detach().clone() for p in model.parameters()]
     constant = lambda prompts, completions, **kw: [1.0] * len(completions)
-    history = GRPOTrainer(
+    trained = GRPOTrainer(
         model,
         [constant],
         args=config.replace(dynamic_sampling=True),
         train_dataset=train_dataset,
         processing_class=tokenizer,
-    ).train()
+    )
+    trained.train()
+    history = trained.state.log_history
     assert [m["dynamic_sampling/kept_fraction"] for m in history] == [0.0, 0.0]
     assert [m["dynamic_sampling/rounds"] for m in history] == [config.max_num_gen_batches] * 2
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
