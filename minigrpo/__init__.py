@@ -30,7 +30,7 @@ from minigrpo.tasks.arithmetic import (
 )
 from minigrpo.trainer import GRPOTrainer
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "QWEN_MODEL_ID",
