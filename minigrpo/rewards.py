@@ -34,6 +34,7 @@ timeout until it returns. To contain untrusted code, run it in a subprocess.
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import os
@@ -153,6 +154,7 @@ def call_reward_func(
     kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
     if is_async_reward(func):
         return call_async_reward_funcs([func], kwargs, timeout)[0]
+    kwargs = own_copy(kwargs)
     values = _guarded_call(func, lambda: call_with_timeout(func, kwargs, timeout), len(completions), columns, timeout)
     return check_reward_values(func, values, len(completions))
 
@@ -162,7 +164,7 @@ def call_async_reward_funcs(funcs: list[RewardFunc], kwargs: dict, timeout: floa
     their own on a worker thread, so this works inside Jupyter's running loop too. One list per function."""
 
     async def gather():
-        return await asyncio.gather(*(func(**kwargs) for func in funcs), return_exceptions=True)
+        return await asyncio.gather(*(func(**own_copy(kwargs)) for func in funcs), return_exceptions=True)
 
     n, columns = len(kwargs["completions"]), {k: v for k, v in kwargs.items() if k not in ("prompts", "completions")}
     names = ", ".join(repr(reward_func_name(f)) for f in funcs)
@@ -175,6 +177,13 @@ def call_async_reward_funcs(funcs: list[RewardFunc], kwargs: dict, timeout: floa
             raise reward_failure(func, outcome, n, columns, timeout) from outcome
         results.append(check_reward_values(func, outcome, n))
     return results
+
+
+def own_copy(kwargs: dict) -> dict:
+    """A reward function's own copy of its inputs: one that edits `completions` in place (or pops from it) cannot
+    change what the next function and the rollout see. trainer_state, log_extra and log_metric are shared."""
+    shared = {"trainer_state", "log_extra", "log_metric"}
+    return {key: value if key in shared else copy.deepcopy(value) for key, value in kwargs.items()}
 
 
 def _guarded_call(func, call: Callable, n: int, columns: dict, timeout: float | None):
@@ -211,12 +220,13 @@ def check_reward_values(func: RewardFunc, values, n: int) -> list[float]:
             f"reward function {name!r} returned a coroutine: declare it `async def` itself (minigrpo awaits "
             "those), or return the list of floats directly."
         )
-    try:
-        values = list(values)
-    except TypeError:
+    if isinstance(values, str | bytes | dict | set | frozenset) or not hasattr(values, "__len__"):
+        # a dict would be scored by its keys, a string by its characters, a set in no fixed order
         raise RewardFunctionError(
-            f"reward function {name!r} returned {type(values).__name__}, not a list: return one float per completion."
-        ) from None
+            f"reward function {name!r} returned {type(values).__name__}, not a list: return one float (or None) "
+            "per completion, in the order of `completions`."
+        )
+    values = list(values)
     if len(values) != n:
         raise RewardFunctionError(
             f"reward function {name!r} returned {len(values)} values for {n} completions: "
@@ -228,6 +238,10 @@ def check_reward_values(func: RewardFunc, values, n: int) -> list[float]:
 def _as_float(name: str, index: int, value) -> float:
     if value is None:
         return math.nan
+    if isinstance(value, str | bytes):  # float("1.0") would parse it: a reward is a number, not text
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {value!r} for completion {index}, a string: return a float or None."
+        )
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -279,9 +293,29 @@ def compute_rewards(
         awaited = call_async_reward_funcs([reward_funcs[f] for f in async_funcs], kwargs, reward_timeout)
         scores.update(zip(async_funcs, awaited, strict=True))
     columns_per_func = [scores[f] for f in range(len(reward_funcs))]
-    rewards_per_func = torch.tensor(columns_per_func, dtype=torch.float32).T.reshape(len(completions), -1)  # (N, F)
-    weighted = rewards_per_func * torch.tensor(weights, dtype=torch.float32)  # (N, F)
-    return rewards_per_func, torch.nansum(weighted, dim=1)  # (N, F), (N,)
+    # summed in float64, then checked where they are used (float32): 1e39 is finite in one and inf in the other
+    rewards_per_func = torch.tensor(columns_per_func, dtype=torch.float64).T.reshape(len(completions), -1)  # (N, F)
+    rewards = torch.nansum(rewards_per_func * torch.tensor(weights, dtype=torch.float64), dim=1)  # (N,)
+    check_float32_range(reward_funcs, weights, rewards_per_func, rewards)
+    return rewards_per_func.float(), rewards.float()  # (N, F), (N,)
+
+
+def check_float32_range(reward_funcs, weights, rewards_per_func: torch.Tensor, rewards: torch.Tensor) -> None:
+    """A reward or weighted sum beyond float32's range (about 3.4e38) would become inf in training: name it."""
+    limit = torch.finfo(torch.float32).max
+    for f, func in enumerate(reward_funcs):
+        too_large = rewards_per_func[:, f].abs() > limit  # NaN (None) compares False
+        if too_large.any():
+            raise RewardFunctionError(
+                f"reward function {reward_func_name(func)!r} returned {rewards_per_func[:, f][too_large][0].item():g}, "
+                "beyond float32's range (3.4e38) in which rewards are trained: return rewards of a sensible size "
+                "(typically 0-1)."
+            )
+    if not torch.isfinite(rewards).all() or (rewards.abs() > limit).any():
+        raise RewardFunctionError(
+            f"the weighted sum of the rewards (reward_weights={weights}) goes beyond float32's range (3.4e38): "
+            "use smaller reward_weights."
+        )
 
 
 # --- reward models --------------------------------------------------------------------

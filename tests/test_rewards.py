@@ -76,7 +76,9 @@ def test_nan_and_inf_are_errors_naming_function_and_completion(bad):
     def unstable_reward(prompts, completions, completion_ids, **kwargs):
         return [1.0, None, bad, 0.0]
 
-    with pytest.raises(RewardFunctionError, match=r"'unstable_reward' returned -?(nan|inf) for completion 2: .*None"):
+    with pytest.raises(
+        RewardFunctionError, match=r"'unstable_reward' returned '?-?(nan|inf)'? for completion 2\b.*None"
+    ):
         compute_rewards([unstable_reward], PROMPTS, COMPLETIONS, IDS, {})
 
 
@@ -142,3 +144,55 @@ def test_soft_overlong_punishment_matches_trl(max_len, cache):
     ours = get_soft_overlong_punishment(max_len, cache)(completion_ids=ids)
     theirs = trl_punishment(max_len, cache)(completion_ids=ids)
     assert ours == pytest.approx(theirs, abs=1e-12)
+
+
+# --- what a reward function returns, checked for type and order ------------------------------------------
+@pytest.mark.parametrize(
+    "returned, says",
+    [
+        ({"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}, "returned dict, not a list"),  # would score its keys
+        ("1001", "returned str, not a list"),  # would score its characters
+        ({1.0, 0.0, 0.5, 0.25}, "returned set, not a list"),  # would score in set order
+        (["1", "0", "1", "0"], "'1' for completion 0, a string"),
+        (iter([1.0, 0.0, 1.0, 0.0]), "returned list_iterator, not a list"),
+    ],
+)
+def test_a_reward_of_the_wrong_type_is_named(returned, says):
+    with pytest.raises(RewardFunctionError, match=says):
+        compute_rewards([lambda **kw: returned], PROMPTS, COMPLETIONS, IDS, {})
+
+
+def test_numpy_and_tensor_rewards_are_numbers_in_order():
+    import numpy as np
+
+    for returned in (np.array([1.0, 0.0, 0.5, 0.25]), torch.tensor([1.0, 0.0, 0.5, 0.25]), (1.0, 0.0, 0.5, 0.25)):
+        per_func, rewards = compute_rewards([lambda r=returned, **kw: r], PROMPTS, COMPLETIONS, IDS, {})
+        assert rewards.tolist() == [1.0, 0.0, 0.5, 0.25]
+
+
+def test_each_reward_function_gets_its_own_completions():
+    seen = []
+
+    def mutates(completions, **kwargs):
+        completions[0] = "tampered"
+        completions.pop()
+        return [0.0] * 4 if len(completions) == 3 else [0.0] * len(completions)
+
+    def reads(completions, **kwargs):
+        seen.extend(completions)
+        return [1.0] * len(completions)
+
+    per_func, _ = compute_rewards([mutates, reads], PROMPTS, list(COMPLETIONS), IDS, {})
+    assert seen == list(COMPLETIONS) and per_func.shape == (4, 2)
+
+
+def test_a_reward_beyond_float32_is_named_not_blamed_on_the_learning_rate():
+    def huge(**kwargs):
+        return [1e39, 0.0, 0.0, 0.0]  # finite in float64, inf in float32
+
+    with pytest.raises(RewardFunctionError, match="'huge' returned 1e\\+39, beyond float32's range"):
+        compute_rewards([huge], PROMPTS, COMPLETIONS, IDS, {})
+    with pytest.raises(RewardFunctionError, match="use smaller reward_weights"):
+        compute_rewards([lambda **kw: [1.0] * 4], PROMPTS, COMPLETIONS, IDS, {}, reward_weights=[1e39])
+    per_func, rewards = compute_rewards([lambda **kw: [3e38] * 4] * 2, PROMPTS, COMPLETIONS, IDS, {}, [1.0, -1.0])
+    assert rewards.tolist() == [0.0] * 4  # summed in float64: 3e38 - 3e38 is 0, not inf - inf
