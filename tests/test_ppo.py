@@ -23,6 +23,7 @@ from minigrpo.ppo import (
     per_token_rewards,
     prompt_share_of_variance,
 )
+from minigrpo.rewards import completion_text
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 from minigrpo.trainer import NonFiniteError, Trainer
 
@@ -332,7 +333,7 @@ def test_critic_warmup_trains_only_the_critic(tiny, train_dataset, ppo_config):
 
 def first_digit_is_even(prompts, completions, completion_ids=None, **columns) -> list[float]:
     """A reward the critic can learn: known from the first answer digit on (correctness would need the sum)."""
-    digits = [re.search(r"<answer>-?(\d)", text) for text in completions]
+    digits = [re.search(r"<answer>-?(\d)", completion_text(c)) for c in completions]  # chat: TRL's message lists
     return [float(d is not None and int(d.group(1)) % 2 == 0) for d in digits]
 
 

@@ -12,6 +12,7 @@ import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from minigrpo import GRPOConfig, GRPOTrainer
+from minigrpo.rewards import completion_text
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.tokenization import QWEN25_ADDED_TOKENS, qwen25_tokenizer, qwen_bpe_ranks
 
@@ -97,7 +98,7 @@ def small_qwen(tokenizer) -> Qwen2ForCausalLM:
 
 def decoded_length_reward(prompts, completions, completion_ids=None, **columns) -> list[float]:
     """Varies within a group (a random model never answers right), so that the step has a gradient."""
-    return [float(len(text)) for text in completions]
+    return [float(len(completion_text(c))) for c in completions]  # chat prompts: TRL's message lists
 
 
 def test_two_grpo_steps_with_the_real_tokenizer(tokenizer, tmp_path):
