@@ -44,7 +44,8 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
         optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
-        base = next(a for a in typing.get_args(kind) if a is not type(None)) if optional else kind
+        choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
+        base = str if str in choices else choices[0]  # report_to, model_init_kwargs (JSON): given as text
         if typing.get_origin(base) is list:
             group.add_argument(flag, type=float, nargs="+", default=argparse.SUPPRESS)
         elif base is bool:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -209,17 +211,19 @@ class GRPOConfig:
     """Only "none" (or None / []): minigrpo writes metrics.jsonl and trainer.state.log_history, nothing else."""
     eval_strategy: Literal["no", "steps"] = "steps"
     """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
-    eval_steps: int | None = 50
-    """Evaluate every this many optimizer steps (0 = only at the end; None = logging_steps, as in TRL)."""
+    eval_steps: float | None = 50
+    """Evaluate every this many optimizer steps (0 = only at the end; None = logging_steps, as in TRL). Below 1, a
+    fraction of the run, as in TRL: 0.25 evaluates every ceil(0.25 x max_steps) steps."""
     eval_batch_size: int = 128
     """Prompts per greedy `generate` call during evaluation."""
     logprob_chunk_size: int = 4096
     """Rows (sequence positions) of logits turned into log-probs at once; bounds fp32 memory."""
     save_strategy: Literal["no", "steps"] = "steps"
     """'steps': a checkpoint every save_steps and at the end; 'no': none (TRL's names)."""
-    save_steps: int = 50
-    """Write a checkpoint every this many optimizer steps (0 = only at the end). Checkpoints are written
-    between generations: one due inside a generation's optimizer steps is written at its end."""
+    save_steps: float = 50
+    """Write a checkpoint every this many optimizer steps (0 = only at the end; below 1, a fraction of the run, as
+    in TRL). Checkpoints are written between generations: one due inside a generation's optimizer steps is
+    written at its end."""
     save_total_limit: int = 2
     """Keep at most this many step checkpoints (the oldest are deleted); at least 1."""
     output_dir: str = "runs/minigrpo"
@@ -272,6 +276,7 @@ class GRPOConfig:
 
     def validate(self) -> None:
         """Fail at once, with one message that names the value and what to change."""
+        _check_types(self)
         _check_finite(self)
         _check_choice("loss_type", self.loss_type, LOSS_TYPES)
         _check_choice("lr_scheduler_type", self.lr_scheduler_type, LR_SCHEDULERS)
@@ -300,6 +305,13 @@ class GRPOConfig:
                 raise ValueError(f"{name}={value}: it must be positive.")
         if self.max_prompt_length is not None and not self.max_prompt_length > 0:
             raise ValueError(f"max_prompt_length={self.max_prompt_length}: it must be positive, or None (no limit).")
+        for name in ("eval_steps", "save_steps"):
+            value = getattr(self, name)
+            if value is not None and (value < 0 or (value >= 1 and value != int(value))):
+                raise ValueError(
+                    f"{name}={value}: give a whole number of steps, a fraction of the run below 1 (as in TRL), "
+                    "or 0 (only at the end)."
+                )
         if self.fast_generation and self.max_prompt_length is None:
             raise ValueError(
                 "fast_generation=True needs max_prompt_length: the static KV cache is sized for the longest prompt "
@@ -619,6 +631,43 @@ def _check_dynamic_sampling(config: GRPOConfig) -> None:
             f"micro-batches of {mb} would come out unequal and weigh their completions unequally. Set it to a "
             f"divisor of num_generations={G}, or to N = {N} or more (one micro-batch)."
         )
+
+
+def _matches(value, hint) -> bool:
+    """Whether `value` fits the type annotation `hint` (int, float, bool, str, dict, list[float], unions of them,
+    Literal: checked by _check_choice). An int is a float; a bool is neither."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in args)
+    if origin is list:
+        return isinstance(value, list | tuple) and all(_matches(item, args[0]) for item in value)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _check_types(config: GRPOConfig) -> None:
+    """Every field of the type its annotation says, checked when the config is built: a learning_rate of "1e-5" or
+    num_generations of 2.0 would otherwise fail steps later with a TypeError that does not name the field."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.init and not _matches(value, hints[f.name]):
+            raise TypeError(
+                f"{type(config).__name__}: {f.name}={value!r} is a {type(value).__name__}, but the field takes "
+                f"{_type_name(hints[f.name])} (its default: {f.name}={f.default!r})."
+            )
+
+
+def _type_name(hint) -> str:
+    """float -> 'float', list[float] | None -> 'list[float] | None'."""
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "").replace("NoneType", "None")
 
 
 def _check_finite(config: GRPOConfig) -> None:

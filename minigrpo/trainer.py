@@ -92,11 +92,11 @@ class TrainerState:
         return self._trainer.config.logging_steps
 
     @property
-    def eval_steps(self) -> int | None:
+    def eval_steps(self) -> float | None:
         return self._trainer.config.eval_steps
 
     @property
-    def save_steps(self) -> int:
+    def save_steps(self) -> float:
         return self._trainer.config.save_steps
 
     @property
@@ -423,9 +423,10 @@ class Trainer(CheckpointMixin):
         steps_per_generation / gradient_accumulation_steps; an algorithm that steps differently overrides it."""
         return self.config.optimizer_steps_per_generation
 
-    def _due(self, before: int, every: int) -> bool:
+    def _due(self, before: int, every: float) -> bool:
         """Did the last generation's optimizer steps (before, self.step] reach a multiple of `every`, or the end?
-        (0 = only at the end.)"""
+        (0 = only at the end; below 1, a fraction of max_steps, as in TRL: 0.25 of 200 steps is every 50.)"""
+        every = math.ceil(every * self.max_steps) if 0 < every < 1 else int(every)
         return self.step >= self.max_steps or (every > 0 and self.step // every > before // every)
 
     def _guarded_step(self) -> dict:

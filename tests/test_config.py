@@ -187,3 +187,41 @@ def test_the_course_presets_run_the_papers_algorithm():
         assert {k: preset[k] for k in DEEPSEEKMATH_ALGORITHM if k != "learning_rate"} == {
             k: v for k, v in DEEPSEEKMATH_ALGORITHM.items() if k != "learning_rate"
         }, name
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("learning_rate", "1e-5"),
+        ("num_generations", 2.0),
+        ("reward_weights", [1, "a"]),
+        ("seed", None),
+        ("output_dir", None),
+        ("beta", True),
+        ("max_steps", "10"),
+    ],  # fmt: skip
+)
+def test_a_field_of_the_wrong_type_is_refused_when_the_config_is_built(field, value):
+    with pytest.raises(
+        TypeError, match=re.escape(f"{field}={value!r} is a {type(value).__name__}, but the field takes")
+    ):
+        GRPOConfig(**{field: value})
+
+
+def test_numbers_of_the_wider_kind_are_accepted():
+    config = GRPOConfig(learning_rate=1, reward_weights=[1, 0.5], num_train_epochs=2, temperature=1)
+    assert (config.learning_rate, config.reward_weights) == (1, [1, 0.5])
+
+
+def test_eval_and_save_steps_below_one_are_a_fraction_of_the_run_as_in_trl():
+    from minigrpo.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # _due reads only step and max_steps
+    trainer.max_steps, due = 200, []
+    for step in range(1, 201):
+        trainer.step = step
+        if trainer._due(step - 1, 0.25):
+            due.append(step)
+    assert due == [50, 100, 150, 200]
+    with pytest.raises(ValueError, match="a whole number of steps, a fraction of the run below 1"):
+        GRPOConfig(save_steps=2.5)
