@@ -47,7 +47,7 @@ from minigrpo.run.callbacks import CallbackHandler
 from minigrpo.run.checkpoints import METRICS_FILE
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
-from minigrpo.run.resume import CheckpointMixin
+from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
 from minigrpo.run.schedule import PromptSampler, micro_batches, resolve_max_steps
 from minigrpo.trl_compat import check_trl_keywords
 
@@ -327,7 +327,7 @@ class Trainer(CheckpointMixin):
         """
         # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
         lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
-        with lock:
+        with lock, termination_as_interrupt():  # SIGTERM / SIGHUP save and stop as Ctrl-C does
             self._begin(resume_from_checkpoint, allow_config_change)
             return self._train_loop()
 

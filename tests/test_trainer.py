@@ -312,3 +312,27 @@ def test_a_run_with_the_linear_schedule_trains_and_logs_its_learning_rate(
     expected = {0: [1.0, 0.75, 0.5, 0.25], 2: [0.0, 0.5, 1.0, 0.5]}[warmup_steps]  # transformers' factors
     assert rates == pytest.approx(expected)
     assert all(math.isfinite(row["loss"]) for row in history)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_save_and_stop_as_ctrl_c_does(tiny, train_dataset, small_config, signal_name):
+    import os
+    import signal
+
+    model, tokenizer = tiny
+    calls = {"n": 0}
+
+    def killed_reward(prompts, completions, completion_ids, **columns):
+        calls["n"] += 1
+        if calls["n"] == 2:  # `kill`, `docker stop` or a runtime shutting down, during the second step
+            os.kill(os.getpid(), getattr(signal, signal_name))
+        return correctness_reward(prompts, completions, completion_ids, **columns)
+
+    config = small_config.replace(max_steps=3, save_steps=0)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match=f"{signal_name} received"):
+        GRPOTrainer(
+            model, [killed_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
+        ).train()
+    assert latest_checkpoint(config.output_dir).name == "checkpoint-1"  # the state the interrupted step started from
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is only there while training

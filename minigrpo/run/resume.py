@@ -8,8 +8,11 @@ between generations, so a resumed run continues exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
+import signal
+import threading
 import warnings
 from pathlib import Path
 
@@ -20,6 +23,27 @@ from minigrpo.rewards import reward_func_name
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.checkpoints import METRICS_FILE, CheckpointError
 from minigrpo.run.distributed import tie_weights
+
+
+@contextlib.contextmanager
+def termination_as_interrupt():
+    """While training, SIGTERM and SIGHUP raise KeyboardInterrupt, so they save and stop as Ctrl-C does: `kill`,
+    `docker stop`, SLURM's pre-emption and a notebook runtime shutting down send SIGTERM; a closed terminal SIGHUP.
+    Python lets only the main thread set handlers: elsewhere the signals keep their own behaviour."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received: stopping as Ctrl-C does")
+
+    names = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]  # Windows has no SIGHUP
+    previous = {name: signal.signal(getattr(signal, name), interrupt) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 class CheckpointMixin:
