@@ -35,7 +35,10 @@ to the start of the next step (or the end of `train()`), so its logging and loop
 too. Rollout = generation + reference log-probs + rewards (+ advantages in TRL's, which minigrpo
 computes in its update: negligible). TRL's is timed by wrapping its `_generate_and_score_completions`;
 minigrpo's is its own `time/rollout` + `time/rewards` metrics. Update = the rest. The table reports
-medians over steps 3..N (steps 1-2 are warm-up: allocator, lazy optimizer state, compilation).
+medians over steps 3..N (steps 1-2 are warm-up: allocator, lazy optimizer state, compilation). It also
+reports each step's CPU time (`time.process_time()` of the worker over the same span): on a machine shared
+with other work, wall-clock steps stretch with the load while CPU seconds stay close to the work done, so
+the CPU-time ratio is the steadier comparison there; on a quiet machine with one thread each they agree.
 
 Peak memory. GPU: `torch.cuda.max_memory_allocated()` in each worker (reset after the trainer is built, so
 weights + reference + optimizer state + activations count). CPU: peak RSS of each worker (VmHWM: getrusage's
@@ -164,7 +167,7 @@ class SteppedGRPOTrainer(GRPOTrainer):
     def training_step(self) -> dict:
         self.report()
         self.conn.recv()  # "step"
-        self.started = time.perf_counter()
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
         self.metrics = super().training_step()
         return self.metrics
 
@@ -174,10 +177,12 @@ class SteppedGRPOTrainer(GRPOTrainer):
             return
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - self.started
+        seconds, cpu = time.perf_counter() - self.started, time.process_time() - self.cpu_started
         tokens = self.metrics["completions/mean_length"] * self.config.num_completions
         rollout = self.metrics["time/rollout"] + self.metrics["time/rewards"]
-        self.conn.send({"step_time": seconds, "rollout": rollout, "update": seconds - rollout, "tokens": tokens})
+        self.conn.send(
+            {"step_time": seconds, "cpu_time": cpu, "rollout": rollout, "update": seconds - rollout, "tokens": tokens}
+        )
         self.started = None
 
 
@@ -251,16 +256,17 @@ def trl_worker(conn, args, path: str, device: str, workdir: str) -> None:
         def on_step_end(self, *_, **__):
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            seconds = time.perf_counter() - self.started
+            seconds, cpu = time.perf_counter() - self.started, time.process_time() - self.cpu_started
             conn.send(
-                {"step_time": seconds, "rollout": timing["rollout"], "update": seconds - timing["rollout"], **timing}
-            )
+                {"step_time": seconds, "cpu_time": cpu, "rollout": timing["rollout"],
+                 "update": seconds - timing["rollout"], **timing}
+            )  # fmt: skip
             self.wait()
 
         def wait(self):
             conn.recv()  # "step" (or "finish" after the last step, when train() returns by itself)
             timing.update(rollout=0.0, tokens=0.0)
-            self.started = time.perf_counter()
+            self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     trainer.add_callback(StepByStep())
     sampling = trainer.generation_config
@@ -319,8 +325,8 @@ def run_pair(args, path: str, device: str, workdir: str) -> dict:
 
 
 TRAINERS = ("minigrpo", "trl")
-FIGURES = ("step_time", "rollout", "update", "tokens_per_step", "tokens_per_s", "peak_memory_mib", "rss_at_start_mib",
-           "step_times")  # fmt: skip
+FIGURES = ("step_time", "cpu_time", "rollout", "update", "tokens_per_step", "tokens_per_s", "peak_memory_mib",
+           "rss_at_start_mib", "step_times")  # fmt: skip
 """Each trainer's figures in the last line's JSON, as <trainer>_<figure> (None for a trainer that did not run)."""
 QUICK = dict(steps=2, prompts=2, generations=4, max_completion_length=8)
 """--quick: two steps of 2 prompts x G=4, 8 tokens (the plumbing in seconds; the timings mean nothing)."""
@@ -332,6 +338,7 @@ def summarize(steps: list[dict], info: dict, device: str) -> dict:
     median = lambda key: statistics.median(s[key] for s in timed)  # noqa: E731
     return {
         "step_time": median("step_time"),
+        "cpu_time": median("cpu_time"),
         "rollout": median("rollout"),
         "update": median("update"),
         "tokens_per_step": median("tokens"),
@@ -344,16 +351,17 @@ def summarize(steps: list[dict], info: dict, device: str) -> dict:
 
 def print_table(results: dict, device: str) -> None:
     memory_name = "peak GPU alloc" if device.startswith("cuda") else "peak RSS"
-    header = f"{'':<10}{'s/step':>9}{'rollout s':>11}{'update s':>10}{'tok/step':>10}{'tok/s':>9}{memory_name:>16}"
-    print(header + f"{'RSS at start':>14}")
+    header = f"{'':<10}{'s/step':>9}{'CPU s/step':>11}{'rollout s':>11}{'update s':>10}{'tok/step':>10}{'tok/s':>9}"
+    print(header + f"{memory_name:>16}{'RSS at start':>14}")
     for kind, r in results.items():
-        line = f"{kind:<10}{r['step_time']:>9.3f}{r['rollout']:>11.3f}{r['update']:>10.3f}"
+        line = f"{kind:<10}{r['step_time']:>9.3f}{r['cpu_time']:>11.3f}{r['rollout']:>11.3f}{r['update']:>10.3f}"
         line += f"{r['tokens_per_step']:>10.0f}{r['tokens_per_s']:>9.0f}{r['peak_memory_mib']:>12.0f} MiB"
         print(line + f"{r['rss_at_start_mib']:>10.0f} MiB")
     if len(results) == 2:
         a, b = results["minigrpo"], results["trl"]
         ratio = lambda key: a[key] / b[key]  # noqa: E731
-        line = f"{'ratio':<10}{ratio('step_time'):>9.3f}{ratio('rollout'):>11.3f}{ratio('update'):>10.3f}{'':>10}"
+        line = f"{'ratio':<10}{ratio('step_time'):>9.3f}{ratio('cpu_time'):>11.3f}{ratio('rollout'):>11.3f}"
+        line += f"{ratio('update'):>10.3f}{'':>10}"
         print(line + f"{ratio('tokens_per_s'):>9.3f}{ratio('peak_memory_mib'):>12.3f}")
 
 
@@ -388,7 +396,7 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)",
         "memory": "peak GPU allocated" if device.startswith("cuda") else "peak RSS of the worker process",
         **{f"{kind}_{figure}": None for kind in TRAINERS for figure in FIGURES},
-        **dict.fromkeys(("step_time_ratio", "peak_memory_ratio", "max_loss_diff", "max_grad_diff",
+        **dict.fromkeys(("step_time_ratio", "cpu_time_ratio", "peak_memory_ratio", "max_loss_diff", "max_grad_diff",
                          "max_advantage_diff")),
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as workdir:
@@ -406,10 +414,13 @@ def main(argv=None) -> dict:
             print_table(results, device)
             summary.update({f"{kind}_{k}": v for kind, r in results.items() for k, v in r.items()})
             if len(results) == 2:
-                summary["step_time_ratio"] = results["minigrpo"]["step_time"] / results["trl"]["step_time"]
-                summary["peak_memory_ratio"] = (
-                    results["minigrpo"]["peak_memory_mib"] / results["trl"]["peak_memory_mib"]
-                )
+                ours, theirs = results["minigrpo"], results["trl"]
+                for key, figure in (
+                    ("step_time", "step_time"),
+                    ("cpu_time", "cpu_time"),
+                    ("peak_memory", "peak_memory_mib"),
+                ):
+                    summary[f"{key}_ratio"] = ours[figure] / theirs[figure]
     line = json.dumps(summary)
     if args.json_out:
         Path(args.json_out).write_text(line + "\n")
