@@ -3,11 +3,12 @@
     python bench/memory.py --model qwen0.5b-shape --preset t4       # does GRPOConfig.qwen_t4() fit a T4?
     python bench/memory.py --model qwen0.5b-shape --preset default  # GRPOConfig() defaults, the default GPU config
     python bench/memory.py --model tiny --preset tiny               # seconds, on the CPU
+    python bench/memory.py --quick                                  # the same, one thread: the smoke test
     python bench/memory.py --model qwen0.5b-shape --preset t4 --lora          # the same with LoRA (r=16)
     python bench/memory.py --model qwen1.5b-shape --preset lora-t4 --lora     # GRPOConfig.qwen1_5b_lora_t4()
 
-On a GPU with native bf16 (A100, H100) add --fp32 to measure a T4's precision (fp32, no autocast, an fp32
-reference copy): the T4 figures in minutes instead of an hour of CPU.
+On a GPU with native bf16 (A100, H100) add --fp32 to measure a T4's precision (the preset with bf16=False: fp32,
+no autocast, an fp32 reference copy): the T4 figures in minutes instead of an hour of CPU.
 
 LoRA (--lora, --lora-rank): adapters of rank r on q, k, v, o, gate, up and down (minigrpo.models.lora_config,
 TRL's and Unsloth's usual targets); only they have gradients and AdamW state, and the reference
@@ -31,6 +32,8 @@ GPU alike; on CUDA torch.cuda.max_memory_allocated is printed beside it. On the 
 to its foreach implementation, the CUDA default, whose temporaries (a parameter-sized sqrt of the
 second moment) count at the optimizer step as they would on a GPU. Not counted: the CUDA context and
 the caching allocator's reserve (add ~0.5-1 GiB on a real GPU), kernels' internal scratch buffers.
+
+The last line printed is one JSON summary, in bytes (its keys are in the README; tests/test_bench.py runs --quick).
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, Qwen2ForCausalLM
 
-from minigrpo import models
 from minigrpo.config import GRPOConfig
+from minigrpo.measuring.measure import QWEN_SHAPE, qwen_shape_config
 from minigrpo.measuring.memory import (
     TensorMemoryTracker,
     format_bytes,
@@ -60,11 +63,6 @@ from minigrpo.measuring.memory import (
 from minigrpo.models import load_model_and_tokenizer, lora_config, set_gradient_checkpointing
 from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.tokenization import qwen25_tokenizer
-
-try:
-    from minigrpo.measuring.measure import QWEN_SHAPE, qwen_shape_config
-except ImportError:  # older layout
-    from minigrpo.ppo import QWEN_SHAPE, qwen_shape_config
 
 PRESETS = {
     "t4": GRPOConfig.qwen_t4,
@@ -108,9 +106,11 @@ def build(
     output_dir: str,
     tokenizer_cache: str | None,
     lora_rank: int | None = None,
+    fp32: bool = False,
 ):
     """The trainer of one measured step: the model, the preset (1 step, no eval, no checkpoints), the data.
-    lora_rank: LoRA adapters of this rank (lora_config's targets), or None for full fine-tuning."""
+    lora_rank: LoRA adapters of this rank (lora_config's targets), or None for full fine-tuning.
+    fp32: bf16=False, a T4's precision wherever it runs."""
     from minigrpo import GRPOTrainer
 
     if model_name in QWEN_SHAPES:
@@ -119,7 +119,7 @@ def build(
     else:
         model, tokenizer = load_model_and_tokenizer(model_name, device)
     config = PRESETS[preset](max_steps=1, eval_steps=0, save_steps=0, output_dir=output_dir)
-    config = config.replace(reward_weights=list(REWARD_WEIGHTS))
+    config = config.replace(reward_weights=list(REWARD_WEIGHTS), **({"bf16": False} if fp32 else {}))
     model.generate = functools.partial(full_length_generate, model.generate, config.max_completion_length)
     set_gradient_checkpointing(model, config.gradient_checkpointing)  # what the trainer does at init
     dataset = make_arithmetic_dataset(n=64, seed=0)
@@ -249,21 +249,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer-cache", default=None, help="folder to save / reuse the built Qwen2.5 tokenizer")
     parser.add_argument("--json-out", default=None, help="also write the figures (bytes) to this JSON file")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--quick", action="store_true", help="the tiny model at the tiny preset on the CPU, 1 thread")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.preset, args.device, args.threads, args.lora = "tiny", "tiny", "cpu", 1, False
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.fp32:  # every forward pass and the reference copy ask models.autocast_dtype
-        models.autocast_dtype = lambda device: None
     with tempfile.TemporaryDirectory() as output_dir:
         lora_rank = args.lora_rank if args.lora else None
-        trainer = build(args.model, args.preset, device, output_dir, args.tokenizer_cache, lora_rank)
+        trainer = build(args.model, args.preset, device, output_dir, args.tokenizer_cache, lora_rank, args.fp32)
         result = measure_step(trainer, args.update_micro_batches)
     print(report(result, trainer, args))
+    result.update(model=args.model, preset=args.preset, device=str(device), lora_rank=lora_rank)
     if args.json_out:
-        result.update(model=args.model, preset=args.preset, device=str(device), lora_rank=lora_rank)
         Path(args.json_out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(headline(result)))
     return 0
+
+
+def headline(result: dict) -> dict:
+    """The last line printed: the step's peak and its parts at the update's peak, in bytes."""
+    update = result["update"]
+    return {
+        "model": result["model"],
+        "preset": result["preset"],
+        "device": result["device"],
+        "lora_rank": result["lora_rank"],
+        "peak_bytes": result["peak"],
+        "rollout_peak_bytes": result["rollout"]["total"],
+        "update_peak_bytes": update["total"],
+        "weights_bytes": update["weights"],
+        "gradients_bytes": update["gradients"],
+        "optimizer_state_bytes": update["optimizer_state"],
+        "activations_bytes": update["activations"],
+        "completion_length": result["completion_length"],
+        "trainable_parameters": result["trainable_parameters"],
+    }
 
 
 if __name__ == "__main__":

@@ -4,15 +4,15 @@ Runs on any CPU (the tiny Qwen) or any CUDA machine, from a checkout of the repo
 `pip install -e ".[bench]"`:
 
     python bench/ppo_vs_grpo.py                    # tiny Qwen on the CPU: 5 seeds x 2 algorithms + tuning, ~30 min
-    python bench/ppo_vs_grpo.py --quick            # 2 seeds, 2 steps: the plumbing in about a minute (lesson 05)
+    python bench/ppo_vs_grpo.py --quick            # 2 seeds, 2 steps, in this process: the plumbing in seconds
     python bench/ppo_vs_grpo.py --model qwen0.5b-shape --learning-rates 1e-6 --steps 10   # Qwen's shape (GPU)
 
-Protocol (minigrpo.measuring.measure.compare_with_seeds):
+Protocol (minigrpo.measuring.study.compare_with_seeds):
 1. Tuning. For each algorithm, each learning rate of the same grid (--learning-rates) is trained with the tuning
    seed(s) and scored by greedy accuracy on --validation-size problems held back from the *training* problems
    (minigrpo.measuring.measure.training_problems: no copy of them is trained on). The test set is never looked at.
 2. Seeds. Each algorithm at its chosen learning rate, once per seed (--seeds, distinct from the tuning seeds), each
-   run in a fresh Python process so that one's freed memory cannot hide another's peak.
+   run in a fresh Python process so that one's freed memory cannot hide another's peak (--quick: in this one).
 3. Both algorithms see the same prompts in the same order for a given seed, generate the same N = B x G completions
    per step with the same sampling code, and are scored by the same rewards (correctness + 0.1 x format). Compared
    at equal sampled completions (the end of every run) and at equal wall-clock (the faster algorithm's longest run,
@@ -42,7 +42,9 @@ from minigrpo.measuring.study import STUDY_SETTINGS, compare_with_seeds, format_
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny | qwen0.5b-shape | a Hub id or local path")
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 2 steps, small sets: the plumbing only")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 seeds, 2 steps, small sets, in this process: the plumbing only"
+    )
     parser.add_argument("--seeds", type=int, default=None, help="seeds per algorithm (full: 5)")
     parser.add_argument("--learning-rates", type=float, nargs="+", default=None, help="the grid (full: 1e-4 3e-4 1e-3)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run (full: 30)")
@@ -72,7 +74,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
     started = time.perf_counter()
-    study = compare_with_seeds(model=args.model, output_dir=str(out / "runs"), **settings(args))
+    # --quick runs in this process as lesson 05's quick mode does: no Python start-up per run (its memory
+    # figures are then not comparable, and the table says so)
+    study = compare_with_seeds(
+        model=args.model, output_dir=str(out / "runs"), fresh_processes=not args.quick, **settings(args)
+    )
     study["wall_seconds"] = time.perf_counter() - started
     out.mkdir(parents=True, exist_ok=True)
     (out / "ppo_vs_grpo_seeds.json").write_text(json.dumps(study, indent=1))

@@ -4,43 +4,48 @@
     python bench/vs_trl.py --model qwen0.5b-shape   # random-init Qwen2.5-0.5B-Instruct shape, offline (GPU)
     python bench/vs_trl.py --model Qwen/Qwen2.5-0.5B-Instruct   # a Hub id (needs the network)
     python bench/vs_trl.py --crosscheck-only        # just the loss / advantage cross-check
+    python bench/vs_trl.py --quick                  # 2 steps of 2 prompts x G=4: the plumbing, seconds (a test)
 
 Needs the `bench` extra (`pip install -e ".[bench]"`: trl 1.16.0 and accelerate); TRL is never a core
 dependency of minigrpo.
 
-What is compared. Both trainers get the same weights (loaded from one folder), tokenizer, prompts (the
-same B prompts at step k, in the same order), reward function (`correctness_reward`) and the GRPO
+What is compared. Both trainers get the same weights (loaded from one folder), tokenizer, prompts (the same
+B prompts at step k, in the same order), reward function (`correctness_reward`) and the GRPO
 hyper-parameters, mapped field by field in `trl_config()`: num_generations, prompts per step (TRL's
-generation batch = B * G completions, split into micro-batches of per_device_train_batch_size with
-gradient accumulation, one optimizer step per generation batch), max_completion_length, temperature,
-top_p, beta, epsilon(s), loss_type, scale_rewards, num_iterations, learning rate, AdamW betas, weight
-decay, gradient clipping, constant schedule. Both sample exactly from pi_theta: TRL's generation
-kwargs (top_k=0, top_p=1, min_p=None, repetition_penalty=1) and minigrpo's `generation_config_for`
-override a Qwen-style model generation_config (top_k=20, top_p=0.8, repetition_penalty=1.05), and
-the script prints both effective sampling settings. Same dtype (fp32 weights; bf16 autocast on a GPU
-that has bf16: TRL `bf16=True`, minigrpo's `precision_context`), same attention implementation
-(`--attn`, default sdpa). TRL's gradient checkpointing (its default is on) is turned off, because
-minigrpo does not checkpoint the model (pass --trl-gradient-checkpointing to keep TRL's default).
+generation batch = B * G completions, split into micro-batches of per_device_train_batch_size with gradient
+accumulation, one optimizer step per generation batch), max_completion_length, temperature, top_p, beta,
+epsilon(s), loss_type, scale_rewards, num_iterations, learning rate, AdamW betas, weight decay, gradient
+clipping, the learning-rate schedule (constant or linear, with its warm-up). Both sample exactly from
+pi_theta: TRL's generation kwargs (top_k=0, top_p=1, min_p=None, repetition_penalty=1) and minigrpo's
+`generation_config_for` override a Qwen-style model generation_config (top_k=20, top_p=0.8,
+repetition_penalty=1.05), and the script prints both effective sampling settings. Same dtype (fp32 weights;
+bf16 autocast on a GPU that has bf16: TRL `bf16=True`, minigrpo's `precision_context`), same attention
+implementation (`--attn`, default sdpa). TRL's gradient checkpointing (its default is on) is turned off,
+because minigrpo does not checkpoint the model (pass --trl-gradient-checkpointing to keep TRL's default).
 minigrpo runs with its own defaults (the fast paths in GRPOConfig are on where they default on).
 
 How it is timed. Each trainer lives in its own worker process; the parent tells them to take one
 step in turn, A B A B ..., so they never run at the same time and see the same machine load. A
 step is one optimizer step: prompts -> B * G completions -> rewards -> advantages -> loss ->
-update. TRL runs its real `train()` loop; a callback blocks at the end of each step until the
-parent says "next", and a step is timed from that release to the next `on_step_end` (so TRL's data
-loading, logging bookkeeping and loop overhead count). minigrpo's step is the body of its `train()`
-loop (`_guarded_step` + `_log`). Rollout = generation + reference log-probs + rewards + advantages
-(TRL: `_generate_and_score_completions`; minigrpo: `collect_rollout` + its share of `optimize`
-before the first forward is negligible and counted in update); update = the rest. The table reports
-medians over steps 3..N (steps 1-2 are warm-up: allocator, lazy optimizer state, compilation).
+update. Both run their real `train()` loop. TRL's: a callback blocks at the end of each step until
+the parent says "step", and a step is timed from that release to the next `on_step_end` (so TRL's
+data loading, logging bookkeeping and loop overhead count). minigrpo's: `SteppedGRPOTrainer`
+overrides the public `training_step` to wait for the parent, and a step is timed from that release
+to the start of the next step (or the end of `train()`), so its logging and loop bookkeeping count
+too. Rollout = generation + reference log-probs + rewards (+ advantages in TRL's, which minigrpo
+computes in its update: negligible). TRL's is timed by wrapping its `_generate_and_score_completions`;
+minigrpo's is its own `time/rollout` + `time/rewards` metrics. Update = the rest. The table reports
+medians over steps 3..N (steps 1-2 are warm-up: allocator, lazy optimizer state, compilation). It also
+reports each step's CPU time (`time.process_time()` of the worker over the same span): on a machine shared
+with other work, wall-clock steps stretch with the load while CPU seconds stay close to the work done, so
+the CPU-time ratio is the steadier comparison there; on a quiet machine with one thread each they agree.
 
-Peak memory. GPU: `torch.cuda.max_memory_allocated()` in each worker (reset after the trainer is
-built, so weights + reference + optimizer state + activations count). CPU: peak RSS
-(`resource.getrusage(RUSAGE_SELF).ru_maxrss`) of each worker. RSS cannot be split between two
-trainers in one process, hence the separate processes; both workers import the same libraries
-(torch, transformers, datasets, trl, minigrpo) before building anything, so the library baseline is
-the same and the difference is what the trainers allocate. The table also shows the RSS just before
-the first step.
+Peak memory. GPU: `torch.cuda.max_memory_allocated()` in each worker (reset after the trainer is built, so
+weights + reference + optimizer state + activations count). CPU: peak RSS of each worker (VmHWM: getrusage's
+ru_maxrss would report the parent's peak, which Linux carries over fork and exec). RSS cannot be split
+between two trainers in one process, hence the separate processes; both workers import the same libraries
+(torch, transformers, datasets, trl, minigrpo) before building anything, so the library baseline is the same
+and the difference is what the trainers allocate. The table also shows the RSS just before the first step.
 
 The cross-check (`minigrpo.measuring.crosscheck.crosscheck`, run first unless --skip-crosscheck): one fixed
 rollout batch goes through TRL's own code and through minigrpo's stage functions, and the advantages,
@@ -54,8 +59,11 @@ from a checkout of the repository:
         --steps 8 --json-out vs_trl.json
     python bench/vs_trl.py --model qwen0.5b-shape --t4-config --steps 4 --only minigrpo
 
-(`--t4-config` runs GRPOConfig.qwen_t4() unchanged, fp32 without autocast as on a T4, and reports
+(`--t4-config` runs GRPOConfig.qwen_t4() in fp32 without autocast (bf16=False), as on a T4, and reports
 minigrpo's peak GPU memory, to check it stays under 12 GiB.)
+
+The last line printed is one JSON object; its keys are listed in the README (section "PPO, and the
+benchmarks"), and `tests/test_bench.py` runs `--quick` and checks them.
 """
 
 from __future__ import annotations
@@ -69,7 +77,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
-import random  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -78,7 +85,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from transformers import GenerationConfig, Qwen2ForCausalLM  # noqa: E402
 
-from minigrpo.config import GRPOConfig  # noqa: E402
+from minigrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from minigrpo.measuring.crosscheck import crosscheck, load_fp32, prompts_dataset, trl_config  # noqa: E402
 from minigrpo.measuring.measure import QWEN_SHAPE, peak_memory_mib, qwen_shape_config, rss_bytes  # noqa: E402
 from minigrpo.models import TINY_MODEL_DIR  # noqa: E402
@@ -115,8 +122,11 @@ def prepare_model_dir(name: str, folder: Path) -> str:
 
 
 def minigrpo_config(args, output_dir: str) -> GRPOConfig:
+    """The run both trainers make (TRL's is mapped from it by trl_config): the dataset's prompt order, no
+    evaluation or checkpoint. --t4-config: GRPOConfig.qwen_t4() in fp32 (bf16=False), as on a T4."""
+    timed = dict(max_steps=args.steps, shuffle_dataset=False, eval_strategy="no", save_strategy="no")
     if args.t4_config:
-        return GRPOConfig.qwen_t4(max_steps=args.steps, eval_steps=0, save_steps=0, output_dir=output_dir)
+        return GRPOConfig.qwen_t4(**timed, bf16=False, output_dir=output_dir)
     n = args.prompts * args.generations
     return GRPOConfig.for_model(
         args.model,
@@ -127,10 +137,8 @@ def minigrpo_config(args, output_dir: str) -> GRPOConfig:
         max_prompt_length=256,
         beta=args.beta,
         loss_type=args.loss_type,
-        max_steps=args.steps,
-        eval_steps=0,
-        save_steps=0,
         output_dir=output_dir,
+        **timed,
     )
 
 
@@ -144,61 +152,65 @@ def _import_everything() -> None:
     import minigrpo  # noqa: F401
 
 
-class SequentialSampler:
-    """Prompts 0..B-1 at step 1, B..2B-1 at step 2, ...: TRL's order with shuffle_dataset=False."""
+class SteppedGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose own train() loop waits for the parent before each step and reports the step before.
 
-    def __init__(self):
-        self.position = 0
+    The prompt order is the dataset's (shuffle_dataset=False: TRL's order with the same setting). A step is
+    timed from the parent's "step" to the start of the next one (or the end of train()), so the loop's logging
+    and bookkeeping count, as TRL's do between its callback's release and its next on_step_end.
+    """
 
-    def next_indices(self, count: int) -> list[int]:
-        indices = list(range(self.position, self.position + count))
-        self.position += count
-        return indices
+    def __init__(self, *args, conn, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.conn, self.started, self.metrics = conn, None, None
 
-    def state_dict(self) -> dict:
-        return {"position": self.position}
+    def training_step(self) -> dict:
+        self.report()
+        self.conn.recv()  # "step"
+        self.started, self.cpu_started = time.perf_counter(), time.process_time()
+        self.metrics = super().training_step()
+        return self.metrics
+
+    def report(self) -> None:
+        """Send the last step's figures, if a step has run since the last report."""
+        if self.started is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds, cpu = time.perf_counter() - self.started, time.process_time() - self.cpu_started
+        tokens = self.metrics["completions/mean_length"] * self.config.num_completions
+        rollout = self.metrics["time/rollout"] + self.metrics["time/rewards"]
+        self.conn.send(
+            {"step_time": seconds, "cpu_time": cpu, "rollout": rollout, "update": seconds - rollout, "tokens": tokens}
+        )
+        self.started = None
 
 
 def minigrpo_worker(conn, args, path: str, device: str, workdir: str) -> None:
     _import_everything()
-    from minigrpo import GRPOTrainer
+    from minigrpo.rollout import generation_config_for
     from minigrpo.tasks.arithmetic import correctness_reward
 
     torch.set_num_threads(args.threads) if args.threads else None
     model, tokenizer = load_fp32(path, device, args.attn)
     config = minigrpo_config(args, f"{workdir}/minigrpo")
-    if args.t4_config:
-        _emulate_t4()
     dataset = prompts_dataset(config.prompts_per_step * (args.steps + 1))
-    trainer = GRPOTrainer(model, [correctness_reward], args=config, train_dataset=dataset, processing_class=tokenizer)
-    trainer.sampler = SequentialSampler()
-    random.seed(config.seed)
-    torch.manual_seed(config.seed)
-    trainer.model.train()
-    from minigrpo.rollout import generation_config_for
-
+    trainer = SteppedGRPOTrainer(
+        model, [correctness_reward], args=config, train_dataset=dataset, processing_class=tokenizer, conn=conn
+    )
     sampling = generation_config_for(config, model, tokenizer)
     conn.send(
         {
             "ready": True,
             "rss_before_mib": rss_bytes() / 2**20,
             "sampling": {k: getattr(sampling, k, None) for k in SAMPLING_KEYS},
-            "config": {k: v for k, v in vars(config).items() if not k.startswith("_")},
         }
     )
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    while conn.recv() == "step":
-        started = time.perf_counter()
-        metrics = trainer._guarded_step()
-        trainer.step += 1
-        trainer._log(metrics)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - started
-        tokens = metrics["completions/mean_length"] * config.num_completions
-        rollout = metrics["time/rollout"] + metrics["time/rewards"]
-        conn.send({"step_time": seconds, "rollout": rollout, "update": seconds - rollout, "tokens": tokens})
+    trainer.train()
+    trainer.report()  # the last step
+    conn.recv()  # "finish"
     conn.send(peak_memory_mib(device))
 
 
@@ -244,16 +256,17 @@ def trl_worker(conn, args, path: str, device: str, workdir: str) -> None:
         def on_step_end(self, *_, **__):
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            seconds = time.perf_counter() - self.started
+            seconds, cpu = time.perf_counter() - self.started, time.process_time() - self.cpu_started
             conn.send(
-                {"step_time": seconds, "rollout": timing["rollout"], "update": seconds - timing["rollout"], **timing}
-            )
+                {"step_time": seconds, "cpu_time": cpu, "rollout": timing["rollout"],
+                 "update": seconds - timing["rollout"], **timing}
+            )  # fmt: skip
             self.wait()
 
         def wait(self):
             conn.recv()  # "step" (or "finish" after the last step, when train() returns by itself)
             timing.update(rollout=0.0, tokens=0.0)
-            self.started = time.perf_counter()
+            self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
     trainer.add_callback(StepByStep())
     sampling = trainer.generation_config
@@ -281,16 +294,11 @@ def _same_prompt_ids(trainer, tokenizer, dataset, config) -> bool:
     return [list(ids) for ids in theirs] == ours
 
 
-def _emulate_t4() -> None:
-    """On a bf16 GPU, make minigrpo behave as on a T4 (no bf16: fp32 forward passes)."""
-    torch.cuda.is_bf16_supported = lambda *a, **k: False
-
-
 # --- the parent: alternate A B A B, then the table ------------------------------------------
 def run_pair(args, path: str, device: str, workdir: str) -> dict:
     context = mp.get_context("spawn")
     workers, conns = {}, {}
-    kinds = ["minigrpo", "trl"] if args.only is None else [args.only]
+    kinds = list(TRAINERS) if args.only is None else [args.only]
     for kind in kinds:
         parent_end, child_end = context.Pipe()
         target = minigrpo_worker if kind == "minigrpo" else trl_worker
@@ -313,36 +321,48 @@ def run_pair(args, path: str, device: str, workdir: str) -> dict:
         conns[kind].send("finish")
         info[kind].update(conns[kind].recv())
         workers[kind].join(timeout=60)
-    return {kind: summarize(steps[kind], info[kind]) for kind in kinds}
+    return {kind: summarize(steps[kind], info[kind], device) for kind in kinds}
 
 
-def summarize(steps: list[dict], info: dict) -> dict:
-    timed = steps[2:] if len(steps) > 2 else steps  # steps 3..N
+TRAINERS = ("minigrpo", "trl")
+FIGURES = ("step_time", "cpu_time", "rollout", "update", "tokens_per_step", "tokens_per_s", "peak_memory_mib",
+           "rss_at_start_mib", "step_times")  # fmt: skip
+"""Each trainer's figures in the last line's JSON, as <trainer>_<figure> (None for a trainer that did not run)."""
+QUICK = dict(steps=2, prompts=2, generations=4, max_completion_length=8)
+"""--quick: two steps of 2 prompts x G=4, 8 tokens (the plumbing in seconds; the timings mean nothing)."""
+
+
+def summarize(steps: list[dict], info: dict, device: str) -> dict:
+    """Medians over steps 3..N (all steps when there are 2 or fewer), peak memory and the RSS at the start."""
+    timed = steps[2:] if len(steps) > 2 else steps
     median = lambda key: statistics.median(s[key] for s in timed)  # noqa: E731
-    step_time = median("step_time")
     return {
-        "step_time": step_time,
+        "step_time": median("step_time"),
+        "cpu_time": median("cpu_time"),
         "rollout": median("rollout"),
         "update": median("update"),
         "tokens_per_step": median("tokens"),
         "tokens_per_s": statistics.median(s["tokens"] / s["step_time"] for s in timed),
+        "peak_memory_mib": info["peak_gpu_mib" if device.startswith("cuda") else "peak_rss_mib"],
+        "rss_at_start_mib": info["rss_before_mib"],
         "step_times": [round(s["step_time"], 4) for s in steps],
-        **{k: v for k, v in info.items() if k in ("rss_before_mib", "peak_rss_mib", "peak_gpu_mib")},
     }
 
 
 def print_table(results: dict, device: str) -> None:
-    memory_key = "peak_gpu_mib" if device.startswith("cuda") else "peak_rss_mib"
     memory_name = "peak GPU alloc" if device.startswith("cuda") else "peak RSS"
-    header = f"{'':<10}{'s/step':>9}{'rollout s':>11}{'update s':>10}{'tok/step':>10}{'tok/s':>9}{memory_name:>16}"
-    print(header + ("" if device.startswith("cuda") else f"{'RSS at start':>14}"))
+    header = f"{'':<10}{'s/step':>9}{'CPU s/step':>11}{'rollout s':>11}{'update s':>10}{'tok/step':>10}{'tok/s':>9}"
+    print(header + f"{memory_name:>16}{'RSS at start':>14}")
     for kind, r in results.items():
-        line = f"{kind:<10}{r['step_time']:>9.3f}{r['rollout']:>11.3f}{r['update']:>10.3f}"
-        line += f"{r['tokens_per_step']:>10.0f}{r['tokens_per_s']:>9.0f}{r[memory_key]:>12.0f} MiB"
-        print(line + ("" if device.startswith("cuda") else f"{r['rss_before_mib']:>10.0f} MiB"))
+        line = f"{kind:<10}{r['step_time']:>9.3f}{r['cpu_time']:>11.3f}{r['rollout']:>11.3f}{r['update']:>10.3f}"
+        line += f"{r['tokens_per_step']:>10.0f}{r['tokens_per_s']:>9.0f}{r['peak_memory_mib']:>12.0f} MiB"
+        print(line + f"{r['rss_at_start_mib']:>10.0f} MiB")
     if len(results) == 2:
         a, b = results["minigrpo"], results["trl"]
-        print(f"{'ratio':<10}{a['step_time'] / b['step_time']:>9.3f}{'':>41}{a[memory_key] / b[memory_key]:>12.3f}")
+        ratio = lambda key: a[key] / b[key]  # noqa: E731
+        line = f"{'ratio':<10}{ratio('step_time'):>9.3f}{ratio('cpu_time'):>11.3f}{ratio('rollout'):>11.3f}"
+        line += f"{ratio('update'):>10.3f}{'':>10}"
+        print(line + f"{ratio('tokens_per_s'):>9.3f}{ratio('peak_memory_mib'):>12.3f}")
 
 
 def main(argv=None) -> dict:
@@ -360,22 +380,31 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch threads per worker (CPU default: 1)")
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="keep TRL's default (on)")
     parser.add_argument("--t4-config", action="store_true", help="GRPOConfig.qwen_t4() as on a T4 (fp32)")
-    parser.add_argument("--only", choices=("minigrpo", "trl"), default=None, help="run one trainer only")
+    parser.add_argument("--only", choices=TRAINERS, default=None, help="run one trainer only")
     parser.add_argument("--crosscheck-only", action="store_true")
     parser.add_argument("--skip-crosscheck", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 steps of 2 prompts x G=4, 8 tokens: the plumbing")
     parser.add_argument("--json-out", default=None, help="also write the final JSON object here")
     args = parser.parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu" and args.threads is None:
         args.threads = 1  # the tiny model gains nothing from threads; one thread each keeps timings stable
-    summary = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"}
+    summary = {
+        "model": args.model,
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)",
+        "memory": "peak GPU allocated" if device.startswith("cuda") else "peak RSS of the worker process",
+        **{f"{kind}_{figure}": None for kind in TRAINERS for figure in FIGURES},
+        **dict.fromkeys(("step_time_ratio", "cpu_time_ratio", "peak_memory_ratio", "max_loss_diff", "max_grad_diff",
+                         "max_advantage_diff")),
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as workdir:
         path = prepare_model_dir(args.model, Path(workdir) / "model")
         if not args.skip_crosscheck:
             checks = crosscheck(path)
-            summary["max_loss_diff"] = checks["max_loss_diff"]
-            summary["max_advantage_diff"] = checks["advantages"]
-            summary["loss_diffs"] = {k: v for k, v in checks.items() if "/" in k}
+            summary.update(max_loss_diff=checks["max_loss_diff"], max_grad_diff=checks["max_grad_diff"],
+                           max_advantage_diff=checks["advantages"])  # fmt: skip
         if not args.crosscheck_only:
             print(f"\nbenchmark: {args.model} on {device}, {args.prompts} prompts x G={args.generations}, "
                   f"max_completion_length={args.max_completion_length}, beta={args.beta}, loss_type={args.loss_type}, "
@@ -383,12 +412,15 @@ def main(argv=None) -> dict:
             results = run_pair(args, path, device, workdir)
             print()
             print_table(results, device)
-            memory_key = "peak_gpu_mib" if device.startswith("cuda") else "peak_rss_mib"
             summary.update({f"{kind}_{k}": v for kind, r in results.items() for k, v in r.items()})
             if len(results) == 2:
-                summary["step_time_ratio"] = results["minigrpo"]["step_time"] / results["trl"]["step_time"]
-                summary["peak_memory_ratio"] = results["minigrpo"][memory_key] / results["trl"][memory_key]
-    summary["model"] = args.model
+                ours, theirs = results["minigrpo"], results["trl"]
+                for key, figure in (
+                    ("step_time", "step_time"),
+                    ("cpu_time", "cpu_time"),
+                    ("peak_memory", "peak_memory_mib"),
+                ):
+                    summary[f"{key}_ratio"] = ours[figure] / theirs[figure]
     line = json.dumps(summary)
     if args.json_out:
         Path(args.json_out).write_text(line + "\n")

@@ -6,8 +6,9 @@ import importlib.util
 import pytest
 import torch
 
+from minigrpo import GRPOConfig
 from minigrpo.logprobs import batched_per_token_logps, per_token_logps, shared_prompt_per_token_logps
-from minigrpo.measuring.crosscheck import crosscheck
+from minigrpo.measuring.crosscheck import crosscheck, trl_config
 from minigrpo.rollout import completion_logps, generate_completions, sample_group_rollout, tokenize_prompts
 
 
@@ -78,3 +79,17 @@ def test_generation_from_a_shared_prompt_cache_equals_plain_generation(tiny, tra
         model, tokenizer, prompt_ids, prompt_mask, small_config, greedy=True, num_generations=G
     )
     assert torch.equal(plain, shared)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (the bench extra)")
+@pytest.mark.parametrize(
+    ("schedule", "warmup", "theirs"),
+    [("constant", 0, "constant"), ("constant", 3, "constant_with_warmup"), ("linear", 0, "linear"),
+     ("linear", 3, "linear")],
+)  # fmt: skip
+def test_trl_config_maps_the_schedule(schedule, warmup, theirs, tmp_path):
+    # transformers' "constant" ignores warm-up; minigrpo's warms up from 0 in both schedules
+    config = GRPOConfig.tiny_cpu(lr_scheduler_type=schedule, warmup_steps=warmup, max_steps=10)
+    mapped = trl_config(config, "cpu", str(tmp_path))
+    assert (str(mapped.lr_scheduler_type).split(".")[-1].lower(), mapped.warmup_steps) == (theirs, warmup)
+    assert mapped.bf16 is False

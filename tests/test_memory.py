@@ -1,15 +1,10 @@
-"""The live-tensor tracker against known allocations, and bench/memory.py on the tiny model."""
-
-import importlib.util
-import json
-from pathlib import Path
+"""The live-tensor tracker against known allocations (tests/test_bench.py runs bench/memory.py --quick)."""
 
 import torch
 
 from minigrpo.measuring.memory import TensorMemoryTracker, optimizer_state, peak_breakdown, storage_bytes
 
 MiB = 1024**2
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "memory.py"
 
 
 def test_a_4_mib_tensor_shows_4_mib_and_disappears_when_freed():
@@ -47,16 +42,3 @@ def test_peak_breakdown_finds_gradients_and_optimizer_state():
     assert breakdown["gradients"] == MiB
     assert breakdown["optimizer_state"] >= 2 * MiB  # exp_avg and exp_avg_sq (+ the step counter)
     assert breakdown["total"] == MiB + tracker.peak_bytes
-
-
-def test_bench_memory_tiny(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_memory", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    out = tmp_path / "memory.json"
-    assert bench.main(["--model", "tiny", "--preset", "tiny", "--json-out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    assert result["completion_length"] == 24  # forced to max_completion_length
-    update = result["update"]
-    assert update["weights"] > 0 and update["activations"] > 0
-    assert result["peak"] >= update["weights"] + update["gradients"] + update["optimizer_state"]

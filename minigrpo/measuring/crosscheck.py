@@ -68,7 +68,7 @@ def trl_config(config: GRPOConfig, device: str, output_dir: str, gradient_checkp
     """
     import trl
 
-    bf16 = autocast_dtype(torch.device(device)) is not None  # minigrpo autocasts to bf16 exactly there
+    bf16 = autocast_dtype(torch.device(device), config.bf16) is not None  # minigrpo autocasts to bf16 exactly there
     accumulation = config.gradient_accumulation_steps
     neutral = dict(top_k=0, top_p=config.top_p, min_p=None, repetition_penalty=1.0)
     return trl.GRPOConfig(
@@ -99,7 +99,7 @@ def trl_config(config: GRPOConfig, device: str, output_dir: str, gradient_checkp
         adam_beta2=config.adam_beta2,
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
-        lr_scheduler_type="constant",
+        lr_scheduler_type=trl_schedule(config),
         warmup_steps=config.warmup_steps,
         optim="adamw_torch",
         max_steps=config.max_steps,
@@ -118,6 +118,13 @@ def trl_config(config: GRPOConfig, device: str, output_dir: str, gradient_checkp
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+
+
+def trl_schedule(config: GRPOConfig) -> str:
+    """transformers' name of minigrpo's schedule: its "constant" warms up too, where transformers' does not."""
+    if config.lr_scheduler_type == "constant" and config.warmup_steps > 0:
+        return "constant_with_warmup"
+    return config.lr_scheduler_type
 
 
 def relative_grad_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -55,8 +54,11 @@ def reset_peak_rss() -> None:
 
 
 def peak_memory_mib(device: str) -> dict:
-    """{"peak_rss_mib": the process's peak RSS since it started, and on CUDA "peak_gpu_mib": peak allocated}."""
-    report = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # ru_maxrss is in KiB
+    """{"peak_rss_mib": the process's peak RSS since it started, and on CUDA "peak_gpu_mib": peak allocated}.
+
+    The peak is VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over fork and exec, so a worker
+    started by a bigger parent (multiprocessing's spawn is fork + exec) would report the parent's peak."""
+    report = {"peak_rss_mib": rss_bytes("VmHWM") / 2**20}
     if device.startswith("cuda"):
         report["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return report

@@ -1,0 +1,97 @@
+"""Every script in bench/ in its fast mode, as the README shows it: it exits 0 and its last line is one JSON object with
+exactly the keys the README lists for it. A benchmark that nothing runs breaks silently when the package moves."""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINERS = ("minigrpo", "trl")
+NEEDS = {"vs_trl.py": ("trl",), "gpu_check.py": ("trl", "dashscope")}  # the bench extra; dashscope: the test extra
+
+
+def readme_rows() -> dict[str, tuple[list[str], set[str]]]:
+    """{script name: (fast-mode arguments, documented keys)} from the README's table of bench scripts."""
+    readme = (ROOT / "README.md").read_text()
+    rows = {}
+    for script, fast, keys in re.findall(r"^\| `bench/(\w+\.py)` \| `([^`]+)` \| (.+) \|$", readme, re.M):
+        names = set()
+        for key in re.findall(r"`([^`]+)`", keys):
+            if key.startswith("<trainer>_"):
+                names |= {key.replace("<trainer>", trainer) for trainer in TRAINERS}
+            else:
+                names.add(key)
+        rows[script] = (fast.split(), names)
+    return rows
+
+
+def test_every_bench_script_is_in_the_readme_table():
+    assert set(readme_rows()) == {path.name for path in (ROOT / "bench").glob("*.py")}
+
+
+def check_vs_trl(summary: dict, stdout: str) -> None:
+    assert summary["max_loss_diff"] <= 1e-5 and summary["max_advantage_diff"] <= 1e-5  # the cross-check agrees
+    for trainer in TRAINERS:
+        assert len(summary[f"{trainer}_step_times"]) == 2
+        assert summary[f"{trainer}_tokens_per_step"] > 0 and summary[f"{trainer}_peak_memory_mib"] > 0
+    assert "TRL's prompt token ids equal minigrpo's: True" in stdout
+
+
+def check_gpu_check(summary: dict, stdout: str) -> None:
+    assert summary["dry_run"] is True and summary["failed"] == []
+    assert summary["minigrpo_seconds_per_step"] > 0 and summary["trl_seconds_per_step"] > 0
+    assert summary["fast_path_equal"] is True
+    assert "151643 BPE ranks" in stdout  # the real Qwen2.5 tokenizer the GPU run needs is buildable offline
+
+
+def check_memory(summary: dict, stdout: str) -> None:
+    assert summary["completion_length"] == 24  # forced to the tiny preset's max_completion_length
+    assert summary["weights_bytes"] > 0 and summary["activations_bytes"] > 0
+    parts = summary["weights_bytes"] + summary["gradients_bytes"] + summary["optimizer_state_bytes"]
+    assert summary["peak_bytes"] >= parts
+
+
+def check_ppo_vs_grpo(summary: dict, stdout: str) -> None:
+    assert summary["seeds"] == 2
+    low, high = summary["grpo_accuracy_ci"]
+    assert 0.0 <= summary["grpo_accuracy"] <= 1.0 and low <= high
+
+
+CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
+          "ppo_vs_grpo.py": check_ppo_vs_grpo}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(CHECKS))
+def test_fast_mode_ends_with_the_documented_json(script, tmp_path):
+    for module in NEEDS.get(script, ()):
+        pytest.importorskip(module, reason="bench / test extra")
+    arguments, keys = readme_rows()[script]
+    environment = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                   "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *arguments],
+        capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(summary) == keys, (sorted(set(summary) - keys), sorted(keys - set(summary)))
+    CHECKS[script](summary, done.stdout)
+
+
+TRL_INTERNALS = {"_generate_and_score_completions", "_tokenize_prompts"}
+"""TRL's private methods the benches wrap to time TRL's rollout, or call to check its prompt tokens."""
+
+
+@pytest.mark.parametrize("script", sorted(CHECKS))
+def test_benches_use_no_private_name_of_minigrpo(script):
+    tree = ast.parse((ROOT / "bench" / script).read_text())
+    private = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("_")}
+    assert {name for name in private if not name.startswith("__")} <= TRL_INTERNALS
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+    assert not [name for name in imported if name.startswith("_")]
