@@ -20,7 +20,14 @@ from minigrpo.models import (
 )
 from minigrpo.rewards import RewardFunctionError, compute_rewards
 from minigrpo.rollout import Rollout, completion_mask_from_eos, repeat_for_group, sample_group_rollout
-from minigrpo.run.evaluation import evaluate_model, greedy_completions
+from minigrpo.run.evaluation import (
+    evaluate_model,
+    greedy_completions,
+    maj_at_k,
+    pass_and_maj_at_k,
+    pass_at_k,
+    sample_answers,
+)
 from minigrpo.tasks.arithmetic import (
     correctness_reward,
     extract_answer,
@@ -57,14 +64,18 @@ __all__ = [
     "importance_ratio",
     "kl_penalty",
     "load_model_and_tokenizer",
+    "maj_at_k",
     "make_arithmetic_dataset",
     "make_reference_model",
     "masked_mean",
     "masked_sum",
+    "pass_and_maj_at_k",
+    "pass_at_k",
     "per_token_logps",
     "pick_device",
     "reinforce_loss",
     "repeat_for_group",
+    "sample_answers",
     "reward_scale",
     "sample_group_rollout",
     "selective_log_softmax",

@@ -67,10 +67,11 @@ def kl_penalty(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor,
     value (E over x ~ pi_theta) and, used as a loss, the expected gradient (minigrpo.course.kl_gradients):
       k1 = -log_r                  value unbiased, can be negative, high variance; gradient 0
       k2 = log_r^2 / 2             value biased, always >= 0; gradient of KL(pi_theta || pi_ref)
-      k3 = exp(log_r) - log_r - 1  value unbiased, always >= 0, low variance near pi_ref
-                                   (DeepSeekMath); gradient of the *forward* KL(pi_ref || pi_theta)
+      k3 = exp(log_r) - log_r - 1  value unbiased, always >= 0, near pi_ref far less noisy than k1 (about
+                                   as noisy as k2; DeepSeekMath); gradient of the *forward* KL(pi_ref || pi_theta)
     Multiplied by the ratio pi_theta / pi_old (use_bias_correction_kl), k3 keeps its value and
-    takes the gradient of KL(pi_theta || pi_ref).
+    takes the gradient of KL(pi_theta || pi_ref). For a completion of several tokens these gradients hold per
+    position, with the prefix held fixed (course.kl_gradients.sequence_kl_gradients).
     """
     log_r = ref_per_token_logps - per_token_logps  # (N, T)
     if estimator == "k1":

@@ -243,7 +243,9 @@ LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_
 def lora_config(r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0, target_modules=LORA_TARGET_MODULES):
     """A peft.LoraConfig for a Qwen2 policy: rank r on the attention and MLP projections, scale alpha / r = 2.
 
-    r=16, alpha=32 are TRL's and Unsloth's usual values. Dropout is 0 on purpose: completions are sampled
+    r=16, alpha=32 are TRL's defaults (trl.ModelConfig's lora_r and lora_alpha; Unsloth's GRPO notebooks use r = 32
+    to 64). Give LoRA about 10x the full fine-tuning learning rate, whatever r (Schulman et al., "LoRA Without
+    Regret", Thinking Machines, 2025; lesson 06). Dropout is 0 on purpose: completions are sampled
     without dropout, and a dropout mask in the update would score them under a slightly different policy.
     """
     from peft import LoraConfig

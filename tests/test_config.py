@@ -1,8 +1,6 @@
 """GRPOConfig: TRL's defaults, the paper's and the course's presets, and errors that name the value and the fix."""
 
 import dataclasses
-import re
-from pathlib import Path
 
 import pytest
 
@@ -144,12 +142,6 @@ def test_bare_defaults_are_trls_field_by_field():
         else:
             assert getattr(ours, name) == their, f"{name}: minigrpo {getattr(ours, name)!r}, TRL {their!r}"
     assert set(DIFFERING_DEFAULTS) <= set(shared)
-
-
-def test_the_readme_lists_exactly_the_defaults_that_differ_from_trls():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Defaults that differ from TRL's")[1].split("\n## ")[0]
-    assert set(re.findall(r"^\| `(\w+)` \|", section, re.M)) == set(DIFFERING_DEFAULTS)
 
 
 def test_the_defaults_are_not_a_combination_the_config_refuses():

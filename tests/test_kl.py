@@ -13,6 +13,7 @@ from minigrpo.course.kl_gradients import (
     expected_kl_loss_gradient,
     kl_gradient_comparison,
     per_sample_kl_losses,
+    sequence_kl_gradients,
 )
 from minigrpo.course.plots import shifted_distributions
 from minigrpo.losses import grpo_loss
@@ -107,7 +108,50 @@ def test_rho_k3_is_grpo_loss_with_use_bias_correction_kl():
     assert torch.allclose(got, want, atol=1e-15)
 
 
+# Two-token completions (x1, x2) over V = 2: logits are (V + V*V,) = x1's, then x2's given x1 = 0 and given x1 = 1.
+def test_a_per_token_loss_misses_the_first_tokens_share_of_the_later_kl():
+    """pi(x1) = pi_ref(x1) = (1/2, 1/2); after x1 = 0, pi = (1/2, 1/2) against pi_ref = (1/4, 3/4); after x1 = 1 equal.
+    KL(sequences) = 1/2 KL_0 with KL_0 = 1/2 log(4/3). By hand, d/d x1's logits = pi(x1) (KL_2(x1) - E KL_2) =
+    (KL_0 / 4, -KL_0 / 4): making x1 = 1 likelier avoids the KL at position 2. A per-token loss holds the prefix
+    fixed: x1's logits get 0, x2's (after x1 = 0) get pi(x1 = 0) * the one-token reverse gradient
+    (REVERSE, -REVERSE)."""
+    uniform = torch.zeros(2, dtype=torch.float64)
+    logits = torch.cat([uniform, HALVES, uniform])
+    ref_logits = torch.cat([uniform, QUARTERS, uniform])
+    kl_0 = 0.5 * math.log(4 / 3)
+    gradients = sequence_kl_gradients(logits, ref_logits, V=2)
+    sequence = [kl_0 / 4, -kl_0 / 4, REVERSE / 2, -REVERSE / 2, 0.0, 0.0]
+    per_position = [0.0, 0.0, REVERSE / 2, -REVERSE / 2, 0.0, 0.0]
+    for name, want in [("sequence", sequence), ("k1_reward_to_go", sequence)] + [
+        (name, per_position) for name in ("prefix_fixed", "k2_per_token", "rho_k3_per_token")
+    ]:
+        assert gradients[name].tolist() == pytest.approx(want, abs=1e-12), name
+
+
+def test_one_moved_token_gives_the_one_token_gradients():
+    """When the second token's distributions equal the reference's, only x1 carries KL: every gradient is the
+    one-token reverse KL's on x1's logits, (REVERSE, -REVERSE), and 0 on x2's."""
+    uniform = torch.zeros(4, dtype=torch.float64)
+    gradients = sequence_kl_gradients(torch.cat([HALVES, uniform]), torch.cat([QUARTERS, uniform]), V=2)
+    for name, gradient in gradients.items():
+        assert gradient.tolist() == pytest.approx([REVERSE, -REVERSE, 0, 0, 0, 0], abs=1e-12), name
+
+
+def test_per_token_losses_follow_each_position_and_k1_in_the_reward_the_sequence():
+    generator = torch.Generator().manual_seed(3)
+    V = 3
+    ref_logits = torch.randn(V + V * V, generator=generator, dtype=torch.float64)
+    logits = ref_logits + torch.randn(V + V * V, generator=generator, dtype=torch.float64)
+    gradients = sequence_kl_gradients(logits, ref_logits, V)
+    for name in ("k2_per_token", "rho_k3_per_token"):
+        assert torch.allclose(gradients[name], gradients["prefix_fixed"], atol=1e-12)
+    assert torch.allclose(gradients["k1_reward_to_go"], gradients["sequence"], atol=1e-12)
+    assert (gradients["sequence"] - gradients["prefix_fixed"]).norm() > 1e-2  # far from the reference they differ
+
+
 def test_bad_input_says_what_to_change():
+    with pytest.raises(ValueError, match=r"give \(V \+ V\*V,\)"):
+        sequence_kl_gradients(torch.zeros(3), torch.zeros(3), V=2)
     with pytest.raises(ValueError, match="must both be \\(V,\\)"):
         expected_kl_loss_gradient("k3", torch.zeros(2, 3), torch.zeros(2, 3))
     with pytest.raises(ValueError, match="must both be \\(V,\\)"):

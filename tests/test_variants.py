@@ -8,8 +8,11 @@ from minigrpo.course.variants import (
     VARIANTS,
     config_diff,
     per_token_gradient_weights,
+    soft_punish_cache,
     variant_config,
+    variant_reward_funcs,
 )
+from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 
 
 def test_variant_configs_change_only_their_fields():
@@ -29,6 +32,22 @@ def test_variant_configs_change_only_their_fields():
     assert dapo.dynamic_sampling and dapo.max_num_gen_batches == 10
     with pytest.raises(ValueError, match="unknown variant"):
         variant_config("PPO", base)
+
+
+def test_dapo_adds_its_soft_overlong_punishment_and_no_other_variant_does():
+    config = GRPOConfig.tiny_cpu(reward_weights=[1.0, 0.1])  # max_completion_length 24
+    assert soft_punish_cache("DAPO", config) == 3  # an eighth of 24: the ramp covers lengths 22, 23, 24
+    funcs, weights = variant_reward_funcs("DAPO", config)
+    assert funcs[:2] == [correctness_reward, format_reward] and weights == [1.0, 0.1, 1.0]
+    ids = [[0] * n for n in (20, 21, 22, 23, 24)]  # completion_ids of 20..24 tokens, EOS included
+    assert funcs[2](completion_ids=ids) == pytest.approx([0.0, 0.0, -1 / 3, -2 / 3, -1.0])
+    for name in ("GRPO", "Dr. GRPO", "GSPO", "RLOO"):
+        assert variant_reward_funcs(name, config) == ([correctness_reward, format_reward], [1.0, 0.1])
+    assert variant_reward_funcs("DAPO", config.replace(reward_weights=None), [correctness_reward])[1] == [1.0, 1.0]
+    with pytest.raises(ValueError, match="2 entries for 1 reward functions"):
+        variant_reward_funcs("DAPO", config, [correctness_reward])
+    with pytest.raises(ValueError, match="unknown variant"):
+        variant_reward_funcs("PPO", config)
 
 
 def test_per_token_gradient_weights_hand_computed():

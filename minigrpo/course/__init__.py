@@ -6,9 +6,11 @@ that nbval runs every notebook in CI in seconds per training cell, while a
 learner (in Colab or on a laptop) gets the full-length runs.
 
 Which model a lesson uses is decided here too. Lessons 00-05 teach mechanics
-(sampling, advantages, the loss) that read best in seconds, so they use the
-bundled tiny Qwen on any machine; lessons 06 and 07 train for real and ask for
-Qwen2.5-0.5B-Instruct when a GPU is there (`real_on_gpu=True`).
+(sampling, advantages, the loss) that read best in seconds, and lessons 07 and
+08 compare short runs (the variants; minigrpo beside TRL), so they use the
+bundled tiny Qwen on any machine;
+lesson 06 trains for real and asks for Qwen2.5-0.5B-Instruct when a GPU is
+there (`real_on_gpu=True`).
 
 The Colab setup cell (written into every notebook by scripts/stamp_colab.py)
 runs before minigrpo is installed, so it is plain code; it installs from
@@ -71,8 +73,8 @@ def on_gpu() -> bool:
 
 def model_name(real_on_gpu: bool = False) -> str:
     """The model a lesson uses: the bundled tiny Qwen, unless `real_on_gpu` is set and a GPU is there (and not
-    QUICK), then Qwen2.5-0.5B-Instruct. Lessons 00-05 keep the default (mechanics, in seconds, on any machine);
-    06 and 07 pass real_on_gpu=True."""
+    QUICK), then Qwen2.5-0.5B-Instruct. Lesson 06 passes real_on_gpu=True; every other lesson keeps the default (the
+    tiny model on any machine: mechanics, and many short runs, in seconds)."""
     return QWEN_MODEL_ID if real_on_gpu and on_gpu() and not QUICK else "tiny"
 
 

@@ -20,6 +20,11 @@ For a categorical pi_theta = softmax(logits) over V outcomes, g(x) = onehot(x) -
 logits), and the four expectations above hold exactly. `expected_kl_loss_gradient` computes them through
 the package's own `grpo_loss` (one sampled token at a time, beta = 1, advantage 0) and autograd;
 `exact_kl_gradients` differentiates the two exact KLs. Nothing here samples.
+
+A completion has several tokens, and GRPO adds the KL term per token: the table then holds position by
+position, each position's KL with its prefix held fixed. The KL of whole completions has one more term (an
+early token changes the prefixes, and so the KL, of the later positions), which k1 in the *reward*, summed
+to the end of the completion, keeps. `sequence_kl_gradients` shows both, exactly, on two-token completions.
 """
 
 from __future__ import annotations
@@ -121,3 +126,61 @@ def kl_gradient_comparison(logits: torch.Tensor, ref_logits: torch.Tensor) -> di
             direction: float((gradient - target).norm() / target.norm()) for direction, target in exact.items()
         }
     return table
+
+
+# --- completions of several tokens: a per-token KL loss holds each prefix fixed ------------------
+def _two_token_logps(logits: torch.Tensor, V: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V + V*V,) logits -> log pi(x1) (V,) and log pi(x2 | x1) (V, V), row x1."""
+    if logits.shape != (V + V * V,):
+        raise ValueError(f"logits {tuple(logits.shape)}: give (V + V*V,) = ({V + V * V},) for V={V}.")
+    return torch.log_softmax(logits[:V], dim=0), torch.log_softmax(logits[V:].view(V, V), dim=1)
+
+
+def sequence_kl_gradients(logits: torch.Tensor, ref_logits: torch.Tensor, V: int) -> dict[str, torch.Tensor]:
+    """Two-token completions o = (x1, x2) over V tokens: what a per-token KL loss follows, exactly.
+
+    logits, ref_logits: (V + V*V,), the first token's V logits, then row x1 of the second token's (V, V)
+    logits given x1 (pi_theta and pi_ref). Every entry of the result is a gradient w.r.t. `logits`, (V + V*V,):
+
+    - "sequence": grad KL(pi_theta(o) || pi_ref(o)), the reverse KL of whole completions;
+    - "prefix_fixed": sum_t E_{x_<t ~ pi_theta}[grad KL(pi_theta(. | x_<t) || pi_ref(. | x_<t))] with the
+      prefixes' probabilities held fixed: each position's reverse KL, as if earlier tokens were given;
+    - "k2_per_token": E_{o ~ pi_theta}[grad sum_t k2_t], through the package's `grpo_loss` (beta = 1,
+      advantage 0, the per-sequence mean times |o| = 2), what training with kl_estimator="k2" follows;
+    - "rho_k3_per_token": the same with k3 and use_bias_correction_kl=True;
+    - "k1_reward_to_go": k1 put in the *reward* (PPO-RLHF), each token credited with the k1 of itself and
+      every later token (REINFORCE's reward-to-go, gamma = 1): E[sum_t grad log pi(x_t) sum_{t'>=t} k1_t'].
+
+    The sequence KL's gradient is E[sum_t grad log pi(x_t) sum_{t'>=t} k1_t'] (the score of o times its
+    log-ratio; earlier tokens' terms vanish): k1 in the reward, summed to the end, follows it exactly. A
+    per-token loss keeps only the t' = t term of that sum: it is "prefix_fixed", which misses how an early
+    token changes the prefixes, and so the KL, of the positions after it. For one token the two agree.
+    """
+    logits = logits.detach().double().requires_grad_()
+    first, second = _two_token_logps(logits, V)  # (V,), (V, V)
+    ref_first, ref_second = (t.detach() for t in _two_token_logps(ref_logits.detach().double(), V))
+    seq_logp = first[:, None] + second  # (V, V): log pi(x1, x2)
+    ref_seq_logp = ref_first[:, None] + ref_second  # (V, V)
+    weight = seq_logp.exp().detach()  # (V, V): how often each completion is sampled
+    gradient = lambda objective: torch.autograd.grad(objective, logits, retain_graph=True)[0]  # noqa: E731
+    results = {
+        "sequence": gradient((seq_logp.exp() * (seq_logp - ref_seq_logp)).sum()),
+        "prefix_fixed": gradient(
+            (first.exp() * (first - ref_first)).sum()
+            + (first.exp().detach() * (second.exp() * (second - ref_second)).sum(1)).sum()
+        ),
+    }
+    for name, estimator in (("k2_per_token", "k2"), ("rho_k3_per_token", "rho_k3")):
+        config = _loss_config(estimator)
+        expected = 0.0
+        for x1 in range(V):
+            for x2 in range(V):
+                logps = torch.stack([first[x1], second[x1, x2]]).view(1, 2)  # (N, T) = (1, 2)
+                ref_logps = torch.stack([ref_first[x1], ref_second[x1, x2]]).view(1, 2)
+                loss, _ = grpo_loss(logps, None, ref_logps, torch.zeros(1), torch.ones(1, 2), config)
+                expected = expected + weight[x1, x2] * 2 * loss  # x |o| = 2: the sum over tokens, not the mean
+        results[name] = gradient(expected)
+    k1_first, k1_second = (first - ref_first).detach(), (second - ref_second).detach()  # (V,), (V, V): k1 values
+    reward_to_go = weight * (first[:, None] * (k1_first[:, None] + k1_second) + second * k1_second)  # (V, V)
+    results["k1_reward_to_go"] = gradient(reward_to_go.sum())
+    return results
