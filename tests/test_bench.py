@@ -63,8 +63,15 @@ def check_ppo_vs_grpo(summary: dict, stdout: str) -> None:
     assert 0.0 <= summary["grpo_accuracy"] <= 1.0 and low <= high
 
 
+def check_pass_at_k(summary: dict, stdout: str) -> None:
+    assert summary["ks"] == [1, 2, 4] and (summary["problems"], summary["samples"]) == (2, 4)
+    assert summary["before"] == summary["after"]  # --quick: the same model twice, the same seeded samples
+    for pass_k, maj_k in zip(summary["before"]["pass@k"], summary["before"]["maj@k"], strict=True):
+        assert 0.0 <= maj_k <= pass_k <= 1.0  # a right majority needs a right sample
+
+
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
-          "ppo_vs_grpo.py": check_ppo_vs_grpo}  # fmt: skip
+          "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k}  # fmt: skip
 
 
 @pytest.mark.parametrize("script", sorted(CHECKS))

@@ -1,6 +1,7 @@
 """GRPOConfig: TRL's defaults, the paper's and the course's presets, and errors that name the value and the fix."""
 
 import dataclasses
+import re
 
 import pytest
 
