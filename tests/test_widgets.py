@@ -150,6 +150,8 @@ def test_explorer_controls_keep_their_labels_and_rows_readable():
             assert control.style.description_width == "initial" and control.layout.flex == "0 0 auto"
             if isinstance(control, widgets.ToggleButtons):
                 assert control.style.button_width == "auto" and control.layout.display == "flex"
+            else:
+                assert control.continuous_update is False  # one redraw when the mouse is released
     sliders = [group_advantage_explorer(draw=False).controls[f"r{g}"] for g in range(8)]
     assert {slider.layout.width for slider in sliders} == {"220px"}  # four to a row in a 1,400-pixel window
 

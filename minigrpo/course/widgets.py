@@ -129,11 +129,18 @@ ROW = {"flex_flow": "row wrap", "align_items": "center"}
 
 
 def slider(kind: str, description: str, width: str = "300px", **options):
-    """An ipywidgets FloatSlider or IntSlider (kind) whose label is never cut and which never shrinks."""
+    """An ipywidgets FloatSlider or IntSlider (kind) whose label is never cut and which never shrinks.
+
+    It reports its value when the mouse is released (continuous_update=False): a redraw on every pixel of a drag
+    queues dozens of figures on a slow kernel, each shown for a moment after the table has moved on.
+    """
     import ipywidgets as widgets
 
     layout = widgets.Layout(width=width, flex="0 0 auto")
-    return getattr(widgets, kind)(description=description, style=dict(LABEL_STYLE), layout=layout, **options)
+    style = dict(LABEL_STYLE)
+    return getattr(widgets, kind)(
+        description=description, style=style, layout=layout, continuous_update=False, **options
+    )
 
 
 def toggle_buttons(description: str, options: list, **kwargs):
@@ -206,9 +213,7 @@ def group_advantage_explorer(
     if labels is None and len(rewards) == len(WORKED_EXAMPLE_COMPLETIONS):
         labels = [f"o{g + 1}" for g in range(len(rewards))]
     controls = {
-        f"r{g}": slider(
-            "FloatSlider", f"r{g + 1}", "220px", value=r, min=0.0, max=max_reward, step=0.5, continuous_update=False
-        )
+        f"r{g}": slider("FloatSlider", f"r{g + 1}", "220px", value=r, min=0.0, max=max_reward, step=0.5)
         for g, r in enumerate(rewards)
     }
     controls["scale_rewards"] = toggle_buttons("scale", ["group", "batch", "none"])
