@@ -97,6 +97,25 @@ def build_tiny_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast
     return tokenizer
 
 
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, folder: str | Path) -> None:
+    """``tokenizer.save_pretrained(folder)``, its tokenizer_config.json in names that transformers 4 and 5 both read.
+
+    transformers 5 writes its own class name ("TokenizersBackend") and "extra_special_tokens" as a list, which
+    transformers 4 cannot load ("Tokenizer class TokenizersBackend does not exist"); Qwen2.5's own files say
+    "Qwen2Tokenizer" and "additional_special_tokens", which both read into the same tokenizer.
+    """
+    tokenizer.save_pretrained(folder)
+    config_file = Path(folder) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = "Qwen2Tokenizer"
+    extra = config.pop("extra_special_tokens", None)
+    if isinstance(extra, list):  # transformers 4 reads extra_special_tokens as a dict of named tokens
+        config["additional_special_tokens"] = extra
+    elif extra:
+        config["extra_special_tokens"] = extra
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     """``AutoTokenizer.from_pretrained(path)``, with one clear error for a folder written by minigrpo 0.1,
     whose character-level tiny tokenizer AutoTokenizer would silently misread."""

@@ -11,7 +11,7 @@ from minigrpo import GRPOConfig, GRPOTrainer, correctness_reward, evaluate_model
 from minigrpo.models import TINY_MODEL_DIR, load_model_and_tokenizer
 from minigrpo.rollout import render_prompts
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_COMPLETIONS
-from minigrpo.tokenization import build_tiny_tokenizer, load_tokenizer
+from minigrpo.tokenization import build_tiny_tokenizer, load_tokenizer, save_tokenizer
 
 CORPUS = [
     "What is 12 + 7? Give the answer in <answer></answer> tags.",
@@ -72,3 +72,21 @@ def test_a_minigrpo_0_1_folder_is_a_clear_error(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "minigrpo_tiny": True}))
     with pytest.raises(ValueError, match="minigrpo 0.1"):
         load_tokenizer(tmp_path)
+
+
+def test_saved_tokenizer_config_is_read_by_transformers_4_and_5(tmp_path):
+    """transformers 5's save_pretrained writes "TokenizersBackend", a class transformers 4 does not have: the bundled
+    model and pretrain-tiny write Qwen2.5's own names instead (scripts/lowest_versions.py loads them with 4.56)."""
+    tokenizer = build_tiny_tokenizer()
+    save_tokenizer(tokenizer, tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "Qwen2Tokenizer" and "extra_special_tokens" not in config
+    assert config["additional_special_tokens"] == ["<|im_start|>"]
+    bundled = json.loads((TINY_MODEL_DIR / "tokenizer_config.json").read_text())
+    names = ("tokenizer_class", "additional_special_tokens", "eos_token", "pad_token")
+    assert {name: bundled[name] for name in names} == {name: config[name] for name in names}
+    assert "extra_special_tokens" not in bundled
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "<|im_start|>user\nWhat is 12 + 7?<|im_end|>\n<|im_start|>assistant\n"
+    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"] and loaded("<|im_start|>")["input_ids"] == [257]
+    assert set(loaded.all_special_tokens) == {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}

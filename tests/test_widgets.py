@@ -134,6 +134,28 @@ def test_kl_explorer_follows_shift():
     kl_explorer()  # with its figure
 
 
+def test_explorer_controls_keep_their_labels_and_rows_readable():
+    """The kernel side of the layout tests/test_browser.py checks in a browser, the same in ipywidgets 7.7 (Colab's)
+    and 8: labels as wide as their text, toggle buttons as wide as theirs and beside their label, rows that wrap
+    whole controls."""
+    import ipywidgets as widgets
+
+    for explorer in (group_advantage_explorer(draw=False), clipping_explorer(draw=False), kl_explorer(draw=False)):
+        *rows, text, figure = explorer.widget.children
+        assert (text, figure) == (explorer.text, explorer.figure)
+        assert all(row.layout.flex_flow == "row wrap" for row in rows)
+        shown = [control for row in rows for control in row.children]
+        assert sorted(map(id, shown)) == sorted(map(id, explorer.controls.values()))  # each control once
+        for control in explorer.controls.values():
+            assert control.style.description_width == "initial" and control.layout.flex == "0 0 auto"
+            if isinstance(control, widgets.ToggleButtons):
+                assert control.style.button_width == "auto" and control.layout.display == "flex"
+            else:
+                assert control.continuous_update is False  # one redraw when the mouse is released
+    sliders = [group_advantage_explorer(draw=False).controls[f"r{g}"] for g in range(8)]
+    assert {slider.layout.width for slider in sliders} == {"220px"}  # four to a row in a 1,400-pixel window
+
+
 def module_level_imports(module) -> set[str]:
     """Names imported by a module's top-level statements (imports inside functions are lazy)."""
     tree = ast.parse(Path(module.__file__).read_text())

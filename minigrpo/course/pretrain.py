@@ -26,6 +26,7 @@ from minigrpo.models import TINY_MODEL_DIR, build_tiny_model, build_tiny_tokeniz
 from minigrpo.rollout import render_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
+from minigrpo.tokenization import save_tokenizer
 
 
 def build_sft_batch(
@@ -159,6 +160,6 @@ def pretrain_tiny(
     model.eval()
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
-    tokenizer.save_pretrained(output_dir)
+    save_tokenizer(tokenizer, output_dir)  # readable by transformers 4 and 5 alike
     print(f"held-out accuracy {metrics['eval_accuracy']:.3f} after {step + 1} steps; saved to {output_dir}")
     return metrics

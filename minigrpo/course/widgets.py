@@ -121,11 +121,46 @@ def format_kl_table(table: dict[str, float], digits: int = 4) -> str:
 
 
 # --- the explorers (ipywidgets) ---------------------------------------------------------
+# Readable at any notebook width, in ipywidgets 7 (Colab) and 8 (JupyterLab 4, Notebook 7): every label as wide as
+# its text, never cut short; toggle buttons as wide as their text, in one row beside their label; a row of controls
+# that does not fit wraps whole controls onto the next line instead of squeezing a slider's track to nothing.
+LABEL_STYLE = {"description_width": "initial"}
+ROW = {"flex_flow": "row wrap", "align_items": "center"}
+
+
+def slider(kind: str, description: str, width: str = "300px", **options):
+    """An ipywidgets FloatSlider or IntSlider (kind) whose label is never cut and which never shrinks.
+
+    It reports its value when the mouse is released (continuous_update=False): a redraw on every pixel of a drag
+    queues dozens of figures on a slow kernel, each shown for a moment after the table has moved on.
+    """
+    import ipywidgets as widgets
+
+    layout = widgets.Layout(width=width, flex="0 0 auto")
+    style = dict(LABEL_STYLE)
+    return getattr(widgets, kind)(
+        description=description, style=style, layout=layout, continuous_update=False, **options
+    )
+
+
+def toggle_buttons(description: str, options: list, **kwargs):
+    """An ipywidgets ToggleButtons whose buttons fit their text and stay in one row beside the label."""
+    import ipywidgets as widgets
+
+    style = {**LABEL_STYLE, "button_width": "auto"}
+    # display flex: ipywidgets 8 lays a ToggleButtons out as a block, its label above the buttons; 7 as a flex row.
+    layout = widgets.Layout(
+        display="flex", align_items="baseline", width="auto", flex="0 0 auto", margin="2px 16px 2px 0"
+    )
+    return widgets.ToggleButtons(description=description, options=options, style=style, layout=layout, **kwargs)
+
+
 class Explorer:
     """Controls + a text panel (plain text, <pre>) + a figure, redrawn on every change.
 
     controls: name -> ipywidgets control; text: the HTML widget showing the table;
-    widget: the whole box (displayed when the Explorer is the last value of a cell).
+    widget: the whole box (displayed when the Explorer is the last value of a cell): the sliders, then the toggle
+    buttons, each in a row that wraps, then the table, then the figure.
     """
 
     def __init__(self, controls: dict, compute_text: Callable[..., str], draw: Callable[..., object] | None):
@@ -137,8 +172,10 @@ class Explorer:
         self.figure = widgets.Output()
         for control in controls.values():
             control.observe(lambda change: self.update(), names="value")
-        boxes = [widgets.HBox(list(controls.values())[i : i + 4]) for i in range(0, len(controls), 4)]
-        self.widget = widgets.VBox([*boxes, self.text, self.figure])
+        toggles = [control for control in controls.values() if isinstance(control, widgets.ToggleButtons)]
+        sliders = [control for control in controls.values() if control not in toggles]
+        rows = [widgets.HBox(group, layout=widgets.Layout(**ROW)) for group in (sliders, toggles) if group]
+        self.widget = widgets.VBox([*rows, self.text, self.figure])
         self.update()
 
     def values(self) -> dict:
@@ -171,23 +208,17 @@ def group_advantage_explorer(
     draw: bool = True,
 ) -> Explorer:
     """G reward sliders and the advantage options; the table and bar chart follow every change."""
-    import ipywidgets as widgets
 
     rewards = list(rewards)
     if labels is None and len(rewards) == len(WORKED_EXAMPLE_COMPLETIONS):
         labels = [f"o{g + 1}" for g in range(len(rewards))]
-    layout = widgets.Layout(width="230px")
     controls = {
-        f"r{g}": widgets.FloatSlider(
-            value=r, min=0.0, max=max_reward, step=0.5, description=f"r{g + 1}", layout=layout, continuous_update=False
-        )
+        f"r{g}": slider("FloatSlider", f"r{g + 1}", "220px", value=r, min=0.0, max=max_reward, step=0.5)
         for g, r in enumerate(rewards)
     }
-    controls["scale_rewards"] = widgets.ToggleButtons(options=["group", "batch", "none"], description="scale")
-    controls["baseline"] = widgets.ToggleButtons(options=["mean", "rloo"], description="baseline")
-    controls["ddof"] = widgets.ToggleButtons(
-        options=[("Bessel (ddof=1)", 1), ("population (ddof=0)", 0)], value=1, description="std"
-    )
+    controls["scale_rewards"] = toggle_buttons("scale", ["group", "batch", "none"])
+    controls["baseline"] = toggle_buttons("baseline", ["mean", "rloo"])
+    controls["ddof"] = toggle_buttons("std", [("Bessel (ddof=1)", 1), ("population (ddof=0)", 0)], value=1)
     G = len(rewards)
 
     def split(values: dict) -> tuple[list[float], dict]:
@@ -208,12 +239,11 @@ def group_advantage_explorer(
 
 def clipping_explorer(ratios: Sequence[float] = (0.6, 0.8, 1.0, 1.2, 1.4), draw: bool = True) -> Explorer:
     """epsilon, epsilon_high and the advantage's sign; the surrogate table and curve follow."""
-    import ipywidgets as widgets
 
     controls = {
-        "epsilon": widgets.FloatSlider(value=0.2, min=0.0, max=0.5, step=0.02, description="epsilon"),
-        "epsilon_high": widgets.FloatSlider(value=0.2, min=0.0, max=0.5, step=0.02, description="epsilon_high"),
-        "advantage": widgets.ToggleButtons(options=[("A > 0", 1.0), ("A < 0", -1.0)], value=1.0, description="sign"),
+        "epsilon": slider("FloatSlider", "epsilon", value=0.2, min=0.0, max=0.5, step=0.02),
+        "epsilon_high": slider("FloatSlider", "epsilon_high", value=0.2, min=0.0, max=0.5, step=0.02),
+        "advantage": toggle_buttons("sign", [("A > 0", 1.0), ("A < 0", -1.0)], value=1.0),
     }
 
     def text(epsilon, epsilon_high, advantage) -> str:
@@ -227,11 +257,10 @@ def clipping_explorer(ratios: Sequence[float] = (0.6, 0.8, 1.0, 1.2, 1.4), draw:
 
 def kl_explorer(draw: bool = True) -> Explorer:
     """How far pi_theta has drifted from pi_ref (shift) and the sample size; exact KL vs k1 / k2 / k3."""
-    import ipywidgets as widgets
 
     controls = {
-        "shift": widgets.FloatSlider(value=1.0, min=0.0, max=3.0, step=0.1, description="shift"),
-        "num_samples": widgets.IntSlider(value=100, min=10, max=5000, step=10, description="samples"),
+        "shift": slider("FloatSlider", "shift", value=1.0, min=0.0, max=3.0, step=0.1),
+        "num_samples": slider("IntSlider", "samples", value=100, min=10, max=5000, step=10),
     }
 
     def text(shift, num_samples) -> str:
