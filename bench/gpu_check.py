@@ -255,8 +255,9 @@ def check_fast_path(size: dict, tokenizer) -> dict:
     prompts = dataset(size["fast_prompts"])["prompt"]
     tokens = {}
     for fast in (False, True):
-        config = GRPOConfig(max_completion_length=size["fast_tokens"], fast_generation=fast, share_prompt_prefix=False,
-                            bf16=False)  # fmt: skip
+        # the static cache is sized from max_prompt_length, which the bare config leaves unset (None, as TRL)
+        config = GRPOConfig(max_prompt_length=256, max_completion_length=size["fast_tokens"], fast_generation=fast,
+                            share_prompt_prefix=False, bf16=False)  # fmt: skip
         ids, mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, device)
         started = time.perf_counter()
         for _ in range(2):  # the second call of the fast path replays the compiled graph
