@@ -11,7 +11,9 @@ kernel. For each check the judge
 2. reads the notebook's source for the same (`references.source_reference_reason`),
    here, where no learner code runs;
 3. runs every case (`framework.evaluate`) with a `remote.KernelFunction`:
-   the expected answers, the comparisons and the points are computed here.
+   the expected answers, the comparisons and the points are computed here;
+   the kernel runs each call under a watch for the check's references
+   (`references.ReferenceWatch`), and a check whose function ran one scores 0.
 
 It prints one JSON line: the records, and their HMAC-SHA256 under the key,
 which only the runner and this process know (the key never passes through the
@@ -29,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate
-from minigrpo.grading.references import source_reference_reason
+from minigrpo.grading.references import source_reference_reason, watch_list
 from minigrpo.grading.remote import Kernel, KernelFunction, describe
 
 
@@ -50,7 +52,11 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str])
     if call is not None and call.get("argument"):
         refusal = source_reference_reason(cells, call["cell"], call["argument"], REFERENCES.get(check, ()))
     refusal = refusal or seen.get("refusal")
-    return evaluate(check, KernelFunction(kernel, check), str(refusal) if refusal else None).to_dict()
+    function = KernelFunction(kernel, check, watch_list(REFERENCES.get(check, ())))
+    result = evaluate(check, function, str(refusal) if refusal else None)
+    if function.refusal:  # a reference ran, seen at run time: every case earns 0 with the reason
+        result = evaluate(check, function, function.refusal)
+    return result.to_dict()
 
 
 def judge(request: dict) -> list[dict]:
