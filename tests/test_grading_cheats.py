@@ -7,7 +7,8 @@ honest one, which also leaves detached child processes behind, and one per
 cheat the probe of the grader found (patched expect_close, forged and junk
 grade-file lines, the package's own reference imported, or reached only at run
 time) or fault (a kernel killed by the learner's function, an unreadable
-notebook). The rest are fast unit tests of the pieces.
+notebook). The rest are fast unit tests of the pieces. The grader's isolation,
+limits and signals are tested in test_grading_isolation.py.
 """
 
 import functools

@@ -1,9 +1,11 @@
-"""The grader's judge: `python -m minigrpo.grading.judge`, one process per notebook, running only the package's code.
+"""The grader's judge: one process per notebook, running only the package's code.
 
-The runner starts it after the notebook has run, and writes one JSON line on
-its stdin: a secret key, the checks the notebook's code cells call (with the
-cell and the expression passed to each), the code cells, and how to reach the
-kernel. For each check the judge
+The runner starts it after the notebook has run, isolated from the folders a
+learner writes (`python -I`, the path set by the grader, the root folder as its
+working folder: `processes.judge_command`), and writes one JSON line on its stdin:
+a secret key, the checks the notebook's code cells call (with the cell and the
+expression passed to each), the code cells, how to reach the kernel and a
+folder for the files it exchanges with the kernel. For each check the judge
 
 1. asks the kernel what the notebook passed to it (`remote.describe`): nothing
    (the check never ran), something that is not a function, or the package's
@@ -23,6 +25,7 @@ process's stdout by anyone else is rejected.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -62,7 +65,8 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str])
 def judge(request: dict) -> list[dict]:
     """Every requested check of one notebook, judged against its kernel."""
     cells = request["cells"]
-    with tempfile.TemporaryDirectory(prefix="minigrpo-judge-") as workdir:
+    with contextlib.ExitStack() as stack:
+        workdir = request.get("workdir") or stack.enter_context(tempfile.TemporaryDirectory(prefix="minigrpo-judge-"))
         kernel = Kernel(request["connection"], request["kernel_pid"], Path(workdir))
         try:
             return [

@@ -183,7 +183,9 @@ class Kernel:
     def __init__(self, connection: dict, pid: int, workdir: Path):
         from jupyter_client.blocking import BlockingKernelClient
 
-        self.client = BlockingKernelClient()
+        from minigrpo.grading.limits import capped_context
+
+        self.client = BlockingKernelClient(context=capped_context())  # a reply over MAX_MESSAGE_BYTES is dropped
         self.client.load_connection_info(connection)
         self.client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
         self.pid, self.workdir, self.broken = pid, workdir, None
@@ -191,6 +193,7 @@ class Kernel:
 
     def close(self) -> None:
         self.client.stop_channels()
+        self.client.context.destroy(linger=0)
 
     def request(self, check: str, payload: dict, timeout: float | None = None):
         """Send one request to `serve` and return its response (plain data); raise NoAnswer or LearnerError."""
