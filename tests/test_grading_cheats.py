@@ -5,18 +5,22 @@ judge, which only calls the learner's functions there and reads back data. One
 grading run (module fixture) grades a folder of small synthetic notebooks: an
 honest one, which also leaves detached child processes behind, and one per
 cheat the probe of the grader found (patched expect_close, forged and junk
-grade-file lines, the package's own reference imported) or fault (a kernel
-killed by the learner's function, an unreadable notebook). The rest are fast
-unit tests of the pieces.
+grade-file lines, the package's own reference imported, or reached only at run
+time) or fault (a kernel killed by the learner's function, an unreadable
+notebook). The rest are fast unit tests of the pieces. The grader's isolation,
+limits and signals are tested in test_grading_isolation.py.
 """
 
 import functools
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -25,7 +29,7 @@ import torch
 from minigrpo import grading
 from minigrpo.grading.judge import sign
 from minigrpo.grading.processes import alive, kill_leftovers, leftovers
-from minigrpo.grading.references import reference_reason, source_reference_reason
+from minigrpo.grading.references import ReferenceWatch, reference_reason, source_reference_reason, watch_list
 from minigrpo.grading.remote import _from_plain, to_plain
 from minigrpo.grading.runner import JudgeFailed, read_answer
 from minigrpo.losses import clipped_surrogate, kl_penalty
@@ -87,6 +91,23 @@ def masked_mean(values, mask, dim=None):
 aggregate_loss = getattr(importlib.import_module("minigrpo.lo" + "sses"), "aggregate_" + "loss")  # no import seen
 """
 
+RUNTIME_ROUTES = """
+import importlib
+import sys
+
+def importance_ratio(logps, old):  # the module is found by a name built when the function runs
+    losses = importlib.import_module("minigrpo." + "losses")
+    return getattr(losses, "importance_" + "ratio")(logps, old, None)
+
+def group_relative_advantages(grouped, eps=1e-4):  # a fresh copy of the package's module: new function objects
+    module = importlib.reload(sys.modules["minigrpo." + "advantages"])
+    return module.group_relative_advantages(grouped, "group", "mean", 1, eps)
+
+def compute_gae(rewards, values, mask, gamma=1.0, lam=0.95):  # the watch switched off first
+    sys.setprofile(None)
+    return getattr(importlib.import_module("minigrpo.ppo_" + "math"), "compute_gae")(rewards, values, mask, gamma, lam)
+"""
+
 ENDS_THE_KERNEL = """
 import os
 
@@ -138,6 +159,10 @@ def graded(tmp_path_factory):
             check("check_kl_k3", "kl_k3"),
             check("check_masked_mean", "masked_mean"),
             check("check_aggregate_loss", "aggregate_loss"),
+            RUNTIME_ROUTES,  # in the same notebook: one kernel fewer to start
+            check("check_importance_ratio", "importance_ratio"),
+            check("check_group_relative_advantages", "group_relative_advantages"),
+            check("check_compute_gae", "compute_gae"),
         ),
         "ends_the_kernel": notebook(ENDS_THE_KERNEL, check("check_kl_k3", "kl_k3")),
         "honest": notebook(detached_children(pid_file), HONEST_KL, check("check_kl_k3", "kl_k3")),
@@ -183,8 +208,8 @@ def test_the_packages_reference_earns_zero_with_the_reason(graded):
     reports, _ = graded
     report = reports["references"]
     by_check = {c["check"]: c for c in report.checks}
-    assert set(by_check) == {"check_clipped_surrogate", "check_kl_k3", "check_masked_mean", "check_aggregate_loss"}
-    assert report.points == 0 and report.max_points == 4 + 3 + 3 + 6
+    assert set(by_check) >= {"check_clipped_surrogate", "check_kl_k3", "check_masked_mean", "check_aggregate_loss"}
+    assert report.points == 0 and report.max_points == sum(grading.max_points(name) for name in by_check)
     for name, how in [
         ("check_clipped_surrogate", "minigrpo.losses.clipped_surrogate"),  # imported and passed as is
         ("check_kl_k3", "minigrpo.losses.kl_penalty"),  # a lambda that calls it
@@ -194,6 +219,22 @@ def test_the_packages_reference_earns_zero_with_the_reason(graded):
         cases = by_check[name]["cases"]
         assert cases and all(not c["passed"] and how in c["message"] for c in cases), (name, cases)
         assert "package's own" in cases[0]["message"] and "write your own" in cases[0]["message"]
+
+
+def test_the_reference_reached_only_at_run_time_earns_zero_with_the_reason(graded):
+    """Routes no look at the source or the object sees: the watch in the kernel sees the reference's code run."""
+    reports, _ = graded
+    report = reports["references"]  # the same notebook as the imports above
+    by_check = {c["check"]: c for c in report.checks}
+    assert report.errors == [] and report.points == 0
+    for name, message in [
+        ("check_importance_ratio", "ran the package's own minigrpo.losses.importance_ratio"),
+        ("check_group_relative_advantages", "ran the package's own minigrpo.advantages.group_relative_advantages"),
+        ("check_compute_gae", "switched off the grader's watch"),
+    ]:
+        cases = by_check[name]["cases"]
+        assert by_check[name]["max_points"] > 0 and len(cases) > 1, name
+        assert all(not c["passed"] and message in c["message"] for c in cases), (name, cases)
 
 
 def test_a_notebook_that_kills_its_kernel_or_cannot_be_read_scores_zero_alone(graded):
@@ -301,6 +342,48 @@ def test_the_source_look_follows_bindings_and_ignores_shadowing_and_other_cells(
     assert "L.kl_penalty" in source_reference_reason(cells, 4, "cheat", refs)
     assert "`k`" in source_reference_reason(cells, 4, "lambda a, b: k(a, b)", refs)
     assert source_reference_reason(cells, 1, "cheat", refs) is None  # not defined yet at that cell
+
+
+def test_the_run_time_look_sees_the_reference_run_by_any_route():
+    from minigrpo import losses
+    from minigrpo.trainer import GRPOTrainer
+
+    watched = watch_list([kl_penalty, GRPOTrainer, {"an answer key": "data, not run"}])
+    assert [w["name"] for w in watched] == ["minigrpo.losses.kl_penalty", "minigrpo.trainer.GRPOTrainer"]
+    assert ["grpo_step" in [code[2] for code in w["codes"]] for w in watched] == [False, True]
+    fresh = {}  # the module's source run again, as importlib.reload does: new code objects, same file and lines
+    exec(compile(Path(losses.__file__).read_text(), losses.__file__, "exec"), fresh)
+    copy = types.FunctionType(kl_penalty.__code__, {**kl_penalty.__globals__}, "mine")
+    logps, ref = torch.randn(2, 3), torch.randn(2, 3)
+
+    def by_a_string(a, b):
+        return getattr(importlib.import_module("minigrpo." + "losses"), "kl_" + "penalty")(a, b, "k3")
+
+    def switched_off(a, b):
+        sys.setprofile(None)
+        return kl_penalty(a, b, "k3")
+
+    routes = {
+        "own": lambda a, b: torch.exp(b - a) - (b - a) - 1,
+        "by a string": by_a_string,
+        "a copy of its code": lambda a, b: copy(a, b, "k3"),
+        "a fresh copy of its module": lambda a, b: fresh["kl_penalty"](a, b, "k3"),
+        "switched off": switched_off,
+    }
+    seen = {}
+    for name, function in routes.items():
+        with ReferenceWatch(watched) as watch:
+            function(logps, ref)
+        seen[name] = (watch.ran, watch.intact)
+    ran = ("minigrpo.losses.kl_penalty", True)
+    assert seen == {
+        "own": (None, True),
+        "by a string": ran,
+        "a copy of its code": ran,
+        "a fresh copy of its module": ran,
+        "switched off": (None, False),
+    }
+    assert sys.getprofile() is None  # the hook is gone after each block
 
 
 def test_answers_cross_as_plain_data_only():

@@ -21,10 +21,12 @@ in `minigrpo.grading.runner`).
 | framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
 | cases/ | one module per exercise: `@cases("check_x", references=[...])` its cases, `@check` the check_x it exports |
 | labs | short runs of the tiny Qwen: the reference GRPO step, the planted-bug trainer of exercise 10 |
-| references | is the learner's function the package's own solution (the object, and the notebook's source)? |
+| references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
 | remote | the learner's function called in its kernel: arguments in, plain data out |
 | judge | the grader's judge process: runs every check's cases on the kernel's functions |
-| processes | the grader's process hygiene: find and kill everything a kernel started |
+| limits | how much of a notebook the grader reads (regular files, size, output caps), printed escaped |
+| kernels | the notebook's kernel as the grader runs it: its own stdout and files, capped messages |
+| processes | the grader's process hygiene: kill all a kernel started, the judge isolated, stop on a signal |
 | runner | `python -m minigrpo grade PATH`: execute notebooks, judge their checks, print the scores |
 """
 

@@ -1,4 +1,4 @@
-"""The grader's process hygiene: find and kill everything a notebook's kernel started.
+"""The grader's process hygiene: kill everything a kernel started, start the judge isolated, stop on a signal.
 
 jupyter_client starts a kernel through setsid, so the kernel's pid is the
 SID (the id setsid hands out) of everything it starts, and the grader marks its
@@ -11,12 +11,33 @@ both calls setsid and clears its environment is not (that is deliberate evasion
 of a grader that shares the learner's user account: grade exams in a container).
 
 Linux reads /proc; elsewhere only the kernel's process group is killed.
+
+`judge_command` starts the judge with `python -I` (isolated mode: neither the
+current folder nor a PYTHON* variable nor the user's site-packages goes on its
+path) and the path the grader sets: the grader's own package folder first, then
+the folders the grader imports from, less its working folder; the runner starts
+it in the root folder, which a learner's account cannot write. A package named
+`minigrpo` (or `json`, or `IPython`) that a learner writes into the folder the
+grader was started from is therefore never imported by the judge, and
+`without_working_folder` keeps the grader itself from importing it later. Only
+the package's own folder and the Python installation are trusted: a learner who
+can write into those changes the grader itself (grade untrusted notebooks in a
+container).
+
+`Interrupts` turns SIGINT and SIGTERM during grading into the cancellation of
+the grading task: every notebook's cleanup runs (its kernel and every process
+with its SID or token killed, its temporary folder removed), then the runner
+reports which notebooks were not graded.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
+import sys
+import threading
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -91,3 +112,78 @@ def kill_leftovers(sid: int | None, env_name: str, token: str) -> list[int]:
             if pid not in killed:  # a killed process can still be listed until it dies (a loaded machine)
                 killed.append(pid)
     return killed
+
+
+# --- the judge, isolated --------------------------------------------------------------------------
+_JUDGE_BOOT = "import sys; sys.path[:] = sys.argv[1:]; from minigrpo.grading.judge import main; sys.exit(main())"
+
+
+def judge_command(package_root: Path) -> list[str]:
+    """The command that starts the judge: `python -I -c BOOT PATH...`, BOOT setting sys.path to PATH.
+
+    PATH: `package_root`, then this process's sys.path less its working folder. Start it in a folder no learner
+    writes: a relative entry left in PATH (an installer's path hook, say) is looked up there.
+    """
+    path = [p for p in sys.path if not _is_working_folder(p) and p != str(package_root)]
+    return [sys.executable, "-I", "-c", _JUDGE_BOOT, str(package_root), *path]
+
+
+def _is_working_folder(entry: str) -> bool:
+    return entry == "" or Path(entry).resolve() == Path.cwd().resolve()
+
+
+@contextlib.contextmanager
+def without_working_folder():
+    """Keep this process from importing from its working folder (where a learner may write) until the block ends."""
+    saved = list(sys.path)
+    sys.path[:] = [p for p in saved if not _is_working_folder(p)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+# --- signals ----------------------------------------------------------------------------------------
+class Interrupts:
+    """While in the block, SIGINT and SIGTERM cancel the task given to `watch`; `signal` is the first one received.
+
+    Outside the main thread (where Python cannot set handlers) it changes nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self._received) for number in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def watch(self, task: asyncio.Task) -> None:
+        """Cancel `task` on a signal (at once if one came already)."""
+        self._loop, self._task = asyncio.get_running_loop(), task
+        if self.signal is not None:
+            task.cancel()
+
+    def check(self) -> None:
+        """Raise CancelledError if a signal came (nbclient turns a cancelled cell into DeadKernelError)."""
+        if self.signal is not None:
+            raise asyncio.CancelledError
+
+    def _received(self, number: int, frame) -> None:
+        if self.signal is None:
+            self.signal = number
+        if self._task is not None and not self._task.done():  # a second signal cancels the cleanup's waits too
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+    @property
+    def name(self) -> str | None:
+        return None if self.signal is None else signal.Signals(self.signal).name

@@ -1,4 +1,4 @@
-"""Is the learner's function the package's own solution? Two looks: the live object, and the notebook's source.
+"""Is the learner's function the package's own solution? Three looks: the live object, the source, and run time.
 
 Each check lists its `references` (`@cases("check_x", references=[...])`): the
 package's functions that solve the exercise. A learner's function that is one
@@ -19,6 +19,21 @@ message that names the reference.
   from the package. It sees imports and attribute chains, not names built from
   strings at run time; nothing can tell a reference whose source was pasted
   into the notebook from the learner's own work.
+- `ReferenceWatch` watches the learner's function while the judge grades it:
+  `remote.serve` runs each call under a profile hook (`sys.setprofile`, and
+  `threading.setprofile` for the threads the call starts) that notes when code of
+  a reference starts, whatever route reached it: a name built from strings
+  (`importlib.import_module("minigrpo." + "losses")`), `sys.modules`, an object
+  hidden in a container, a copy of the function or of its code, `importlib.reload`
+  (a code object is known by its file, first line and name). The judge sends what to
+  watch (`watch_list`, computed from its own registry) and a check whose function
+  ran a reference scores 0 with the reason. A function that switches the hook off
+  scores 0 too. It cannot see: the reference's source pasted into the notebook or
+  run from a copy under another file name, a reference run in another process, a
+  function that switches the hook off and on again within its call, an answer key
+  that is data (read, not run), or a kernel whose grading code (`serve`) the
+  learner rewrote: it runs in the kernel, which the learner controls, like the
+  live-object look.
 """
 
 from __future__ import annotations
@@ -26,7 +41,9 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import sys
 import sysconfig
+import threading
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -278,3 +295,97 @@ def _loads(node: ast.AST) -> tuple[set[str], list[list[str]]]:
             if isinstance(value, ast.Name):
                 chains.append([value.id, *chain])
     return names - parameters, chains
+
+
+# --- run time -----------------------------------------------------------------------------------
+def watch_list(references: Sequence) -> list[dict]:
+    """What to watch for while a check grades: {"name", "module", "qualname", "codes"} of each function in `references`.
+
+    A function is watched by its code: [co_filename, co_firstlineno, co_name]; a class by the functions it defines
+    (methods, static and class methods, properties). References that are data are not run, so not watched.
+    """
+    watched = []
+    for reference in references:
+        functions = [reference] if isinstance(reference, types.FunctionType) else []
+        if isinstance(reference, type):
+            functions = [f for value in vars(reference).values() for f in _functions_of(value)]
+        codes = [_code_key(f.__code__) for f in functions]
+        if codes:
+            module, qualname = getattr(reference, "__module__", None), getattr(reference, "__qualname__", None)
+            watched.append({"name": _name(reference), "module": module, "qualname": qualname, "codes": codes})
+    return watched
+
+
+def _functions_of(value) -> list[types.FunctionType]:
+    if isinstance(value, (staticmethod, classmethod)):
+        value = value.__func__
+    if isinstance(value, property):
+        return [f for f in (value.fget, value.fset, value.fdel) if isinstance(f, types.FunctionType)]
+    return [value] if isinstance(value, types.FunctionType) else []
+
+
+def _code_key(code: types.CodeType) -> tuple[str, int, str]:
+    return code.co_filename, code.co_firstlineno, code.co_name
+
+
+class ReferenceWatch:
+    """Notes the first watched function that starts while in the block (this thread and threads it starts).
+
+    watched: `watch_list(...)` as the judge sent it. The references are also looked up by module and name in
+    this process, in case its copy of the package lives in another folder than the judge's.
+    After the block: `ran` is the name of the reference that ran (None: none did) and `intact` says whether the
+    hook was still in place when the block ended.
+    """
+
+    def __init__(self, watched: list[dict]):
+        self.names: dict[tuple, str] = {}
+        for entry in watched:
+            keys = [tuple(code) for code in entry["codes"]]
+            local = _resolve(entry.get("module"), entry.get("qualname"))
+            keys += [key for item in watch_list([local]) for key in map(tuple, item["codes"])] if local else []
+            self.names.update((key, entry["name"]) for key in keys)
+        self.files = {key[0] for key in self.names}
+        self.ran: str | None = None
+        self.intact = True
+
+    def _hook(self, frame, event, arg):
+        if event == "call" and self.ran is None:
+            code = frame.f_code
+            if code.co_filename in self.files:
+                self.ran = self.names.get(_code_key(code))
+
+    def __enter__(self) -> ReferenceWatch:
+        self._previous, self._previous_threads = sys.getprofile(), threading.getprofile()
+        self._hook_fn = self._hook  # one bound method, so that `is` can find it again
+        threading.setprofile(self._hook_fn)
+        sys.setprofile(self._hook_fn)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.intact = sys.getprofile() is self._hook_fn
+        sys.setprofile(self._previous)
+        threading.setprofile(self._previous_threads)
+
+
+def _resolve(module: str | None, qualname: str | None):
+    """The object `module.qualname` in this process (None when it is not there, or not the package's)."""
+    if not module or not qualname or module.split(".")[0] != "minigrpo":
+        return None
+    value = sys.modules.get(module)
+    for part in qualname.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def runtime_message(name: str) -> str:
+    """The refusal for a function that ran the reference `name` (module.qualname) while it was graded."""
+    return (
+        f"your function ran the package's own {name} while it was graded: write your own implementation "
+        "(the reference earns no points)."
+    )
+
+
+WATCH_OFF_MESSAGE = (
+    "your function switched off the grader's watch for the package's own solution (sys.setprofile) while it was "
+    "graded: a function that does earns no points."
+)

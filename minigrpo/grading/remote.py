@@ -61,21 +61,26 @@ def _describe(check: str) -> dict:
 
 
 def _call(learner, request: dict) -> dict:
+    from minigrpo.grading.references import ReferenceWatch  # it imports framework, as this module does
+
     args, kwargs = request["args"], request["kwargs"]
     torch.set_rng_state(request["rng"])
     threads = torch.get_num_threads()
     torch.set_num_threads(request["threads"])
+    watch = ReferenceWatch(request.get("watch", []))
     try:
-        if request["gradient_wrt"] is None:
-            value, gradient = learner(*args, **kwargs), None
-        else:
-            from minigrpo.grading.framework import value_and_gradient
+        with watch:
+            if request["gradient_wrt"] is None:
+                value, gradient = learner(*args, **kwargs), None
+            else:
+                from minigrpo.grading.framework import value_and_gradient
 
-            value, gradient = value_and_gradient(learner, request["gradient_wrt"], *args)
+                value, gradient = value_and_gradient(learner, request["gradient_wrt"], *args)
     except KeyboardInterrupt:  # the judge's time limit: let the kernel stop
         raise
     except BaseException as error:  # SystemExit too: a learner's exit() is a failed case
-        return {"raised": last_traceback_line(error), "not_implemented": isinstance(error, NotImplementedError)}
+        response = {"raised": last_traceback_line(error), "not_implemented": isinstance(error, NotImplementedError)}
+        return {**response, "reference_ran": watch.ran, "watch_intact": watch.intact}
     finally:
         torch.set_num_threads(threads)
     return {
@@ -83,6 +88,8 @@ def _call(learner, request: dict) -> dict:
         "gradient": to_plain(gradient),
         "state": {key: _state(arg) for key, arg in _arguments(args, kwargs) if _state(arg) is not None},
         "rng": torch.get_rng_state(),
+        "reference_ran": watch.ran,
+        "watch_intact": watch.intact,
     }
 
 
@@ -176,7 +183,9 @@ class Kernel:
     def __init__(self, connection: dict, pid: int, workdir: Path):
         from jupyter_client.blocking import BlockingKernelClient
 
-        self.client = BlockingKernelClient()
+        from minigrpo.grading.limits import capped_context
+
+        self.client = BlockingKernelClient(context=capped_context())  # a reply over MAX_MESSAGE_BYTES is dropped
         self.client.load_connection_info(connection)
         self.client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
         self.pid, self.workdir, self.broken = pid, workdir, None
@@ -184,6 +193,7 @@ class Kernel:
 
     def close(self) -> None:
         self.client.stop_channels()
+        self.client.context.destroy(linger=0)
 
     def request(self, check: str, payload: dict, timeout: float | None = None):
         """Send one request to `serve` and return its response (plain data); raise NoAnswer or LearnerError."""
@@ -259,10 +269,15 @@ class Kernel:
 
 
 class KernelFunction(RemoteCallable):
-    """Stands in the judge for the function the notebook passed to `check`; each call runs it in the kernel."""
+    """Stands in the judge for the function the notebook passed to `check`; each call runs it in the kernel.
 
-    def __init__(self, kernel: Kernel, check: str):
-        self.kernel, self.check = kernel, check
+    watch: `references.watch_list(...)` of the check's references, watched while each call runs. Once a call ran
+    one (or switched the watch off), `refusal` says so and later calls fail at once with it.
+    """
+
+    def __init__(self, kernel: Kernel, check: str, watch: list[dict] = ()):
+        self.kernel, self.check, self.watch = kernel, check, list(watch)
+        self.refusal: str | None = None
 
     def __call__(self, *args, **kwargs):
         return self._call(args, kwargs, None)[0]
@@ -271,6 +286,10 @@ class KernelFunction(RemoteCallable):
         return self._call(args, {}, wrt)
 
     def _call(self, args: tuple, kwargs: dict, gradient_wrt: int | None):
+        from minigrpo.grading.references import WATCH_OFF_MESSAGE, runtime_message
+
+        if self.refusal:
+            raise NoAnswer(self.refusal)
         payload = {
             "kind": "call",
             "args": args,
@@ -278,10 +297,17 @@ class KernelFunction(RemoteCallable):
             "rng": torch.get_rng_state(),
             "threads": torch.get_num_threads(),
             "gradient_wrt": gradient_wrt,
+            "watch": self.watch,
         }
         response = self.kernel.request(self.check, payload)
         if not isinstance(response, dict):
             raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
+        if response.get("reference_ran"):
+            self.refusal = runtime_message(str(response["reference_ran"]))
+        elif self.watch and response.get("watch_intact") is not True:
+            self.refusal = WATCH_OFF_MESSAGE
+        if self.refusal:
+            raise NoAnswer(self.refusal)
         if "raised" in response:
             raise LearnerError(str(response["raised"]), bool(response.get("not_implemented")))
         try:

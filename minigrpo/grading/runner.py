@@ -2,36 +2,50 @@
 
 How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
-1. Run it: nbclient executes the notebook in a fresh kernel of the current
+1. Read it: only a regular file of at most 16 MiB is read as a notebook
+   (`minigrpo.grading.limits`); anything else named *.ipynb scores 0 as
+   unreadable, with the reason.
+2. Run it: nbclient executes the notebook in a fresh kernel of the current
    Python (`allow_errors=True`, so a cell that raises NotImplementedError does
    not stop the cells after it), under a SID of its own (setsid), with
-   $MINIGRPO_GRADING_RUN set to a random token. Its checks only remember the
-   function they were given. Nothing the kernel prints or writes is read.
-2. Judge it: a separate process of the package's own code
-   (`minigrpo.grading.judge`) runs the cases of every check that the notebook's
-   code cells call (`check_xxx(`), computing the expected answers and the
-   points itself; it calls the learner's functions in the kernel and gets back
-   plain data only (`minigrpo.grading.remote`). Patching the package in the
+   $MINIGRPO_GRADING_RUN set to a random token, its stdin, stdout and stderr
+   /dev/null, and its connection file, kernel spec and TMPDIR in a folder of the
+   grader's temporary folder (`minigrpo.grading.kernels`). Its checks only
+   remember the function they were given. Of its output the grader keeps at
+   most 1 MiB per cell and 8 MiB per notebook, and reads only the errors.
+3. Judge it: a separate process of the package's own code
+   (`minigrpo.grading.judge`), started isolated from every folder a learner may
+   write (`processes.judge_command`), runs the cases of every check that the
+   notebook's code cells call (`check_xxx(`), computing the expected answers and
+   the points itself; it calls the learner's functions in the kernel and gets
+   back plain data only (`minigrpo.grading.remote`). Patching the package in the
    kernel, or writing anything anywhere, changes no point: learner code never
-   runs in the judge. A function that is, wraps or calls the package's own
+   runs in the judge. A function that is, wraps, calls or runs the package's own
    solution of the exercise earns 0 for that check, with the reason
    (`minigrpo.grading.references`).
-3. Accept it: the judge's records come back signed (HMAC under a key only the
+4. Accept it: the judge's records come back signed (HMAC under a key only the
    runner and the judge know). A record for a check the notebook does not call,
    with points above the check's maximum, or malformed, is rejected: that check
    scores 0 with the reason. A notebook that cannot be read, times out, kills
    its kernel or breaks its judge scores 0 on its own checks only.
-4. Clean up: every process with the kernel's SID, and every process carrying the token,
-   is killed (`minigrpo.grading.processes`).
+5. Clean up, however grading ends: every process with the kernel's SID, and
+   every process carrying the token, is killed (`minigrpo.grading.processes`),
+   and the notebook's folder (connection file included) is removed.
 
 A check that the notebook calls but that did not run (its cell failed first, or
 the notebook timed out) scores 0 out of its maximum, with the reason. The
 grader sets MINIGRPO_QUICK=1 unless it is already set, so the notebooks'
 training cells stay short.
 
+SIGINT (Ctrl-C) or SIGTERM stops grading: the notebooks being graded are cleaned
+up as above, none of them gets a score, the report lists the notebooks that were
+not graded, and the command exits with 128 + the signal's number (130, 143).
+Names and messages a learner made are printed escaped (`limits.printable`).
+
 The learner's code still runs with the grader's user account: it cannot change
-a score through Python, files or the kernel's output, but it can read files or
-disturb other processes of that user. Grade untrusted notebooks in a container.
+a score through Python, files or the kernel's output, but it can read files,
+write to the grader's open files through /proc, or disturb other processes of
+that user. Grade untrusted notebooks in a container.
 """
 
 from __future__ import annotations
@@ -44,6 +58,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -53,7 +68,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.grading.framework import CASES, GRADING_RUN_ENV, format_points, last_traceback_line, max_points
-from minigrpo.grading.processes import alive, kill_leftovers
+from minigrpo.grading.limits import LIMITS, NotebookRefused, printable, read_notebook
+from minigrpo.grading.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds the minigrpo package: the kernels import this copy, not another one on their path."""
@@ -68,9 +84,10 @@ class NotebookReport:
 
     path: str
     checks: list[dict] = field(default_factory=list)
-    status: str = "ok"  # ok | timeout | kernel died
+    status: str = "ok"  # ok | timed out | kernel died | unreadable
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the grader left out (output over its caps): no points lost
 
     @property
     def exercise(self) -> str:
@@ -93,26 +110,36 @@ class NotebookReport:
             "status": self.status,
             "seconds": round(self.seconds, 2),
             "errors": self.errors,
+            "notes": self.notes,
             "checks": self.checks,
         }
 
 
 class GradingError(RuntimeError):
-    """Grading itself could not run (no kernel, unreadable notebook): exit code 1."""
+    """Grading itself could not run (no kernel): exit code 1."""
+
+
+class GradingInterrupted(Exception):
+    """SIGINT or SIGTERM stopped grading: the notebooks graded before it, and those not graded (no score)."""
+
+    def __init__(self, signal_number: int, reports: list[NotebookReport], not_graded: list[Path]):
+        self.signal_number, self.reports, self.not_graded = signal_number, reports, not_graded
+        self.signal_name = signal.Signals(signal_number).name
+        super().__init__(f"interrupted by {self.signal_name}: {len(not_graded)} notebook(s) not graded")
 
 
 def find_notebooks(path: str | Path) -> list[Path]:
-    """A .ipynb file, or every .ipynb under a folder (sorted, checkpoints skipped)."""
+    """A .ipynb path, or every .ipynb under a folder (sorted, checkpoints skipped); none of them is opened here."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: give a .ipynb file or a folder of them.")
-    if path.is_file():
+        raise FileNotFoundError(f"{printable(str(path))} does not exist: give a .ipynb file or a folder of them.")
+    if not path.is_dir():
         if path.suffix != ".ipynb":
-            raise FileNotFoundError(f"{path} is not a notebook (.ipynb).")
-        return [path]
-    notebooks = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+            raise FileNotFoundError(f"{printable(str(path))} is not a notebook (.ipynb).")
+        return [path]  # a FIFO or a device too: reading refuses it, and the report says why
+    notebooks = sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts and not p.is_dir())
     if not notebooks:
-        raise FileNotFoundError(f"no .ipynb notebooks under {path}.")
+        raise FileNotFoundError(f"no .ipynb notebooks under {printable(str(path))}.")
     return notebooks
 
 
@@ -219,31 +246,13 @@ def collect(nb, records: dict[str, dict], report: NotebookReport) -> None:
         )
 
 
-def _kernel_manager(kernel_dir: Path):
-    """A kernel of the Python running the grader (not whatever 'python' is on PATH)."""
-    # Imported here, not at the top: jupyter_client, nbclient and nbformat come with the package's
-    # `notebooks` / `test` extras, and a learner's `from minigrpo.grading import check_x` must not need them.
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-
-    spec_dir = kernel_dir / "kernels" / "minigrpo-grader"
-    spec_dir.mkdir(parents=True, exist_ok=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "minigrpo grader",
-        "language": "python",
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    specs = KernelSpecManager(kernel_dirs=[str(kernel_dir / "kernels")])
-    return AsyncKernelManager(kernel_name="minigrpo-grader", kernel_spec_manager=specs)
-
-
-def _environment(jobs: int, **extra: str) -> dict:
-    """The grader's environment for a kernel or a judge: this package first on the path, quick runs, threads."""
+def _environment(jobs: int, tmp: Path, **extra: str) -> dict:
+    """The environment of a kernel or a judge: this package first on the path, quick runs, threads, its own TMPDIR."""
     env = dict(os.environ)
     env.pop(GRADING_RUN_ENV, None)
     env.setdefault("MINIGRPO_QUICK", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    env["TMPDIR"] = str(tmp)  # removed with the notebook's folder
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, _cpu_count() // jobs))
     return {**env, **extra}
@@ -257,10 +266,11 @@ class JudgeFailed(Exception):
     """The judge of one notebook did not give usable records: that notebook's checks score 0."""
 
 
-async def _judge(nb, km, kernel_pid: int, budget: float, jobs: int) -> list:
+async def _judge(nb, km, kernel_pid: int, budget: float, jobs: int, folder: Path) -> list:
     """Run the judge on a notebook whose kernel is still up; its records, authenticated."""
     key = secrets.token_bytes(32)
     connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
+    (folder / "judge").mkdir()
     request = {
         "key": key.hex(),
         "checks": expected_checks(nb),
@@ -268,15 +278,15 @@ async def _judge(nb, km, kernel_pid: int, budget: float, jobs: int) -> list:
         "cells": [cell.source if cell.cell_type == "code" else "" for cell in nb.cells],
         "connection": connection,
         "kernel_pid": kernel_pid,
+        "workdir": str(folder / "judge"),  # request and response files, exchanged with the kernel
     }
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "minigrpo.grading.judge",
+        *judge_command(PACKAGE_ROOT),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=_environment(jobs),
+        env=_environment(jobs, folder / "tmp"),
+        cwd=os.path.abspath(os.sep),  # a relative entry of its path is looked up where a learner cannot write
         start_new_session=True,
     )
     try:
@@ -317,147 +327,193 @@ def _check_cells_ran(nb) -> bool:
     )
 
 
-async def _grade_notebook(path: Path, timeout: float, jobs: int, workdir: Path) -> NotebookReport:
-    import nbformat  # lazy, like jupyter_client in _kernel_manager: an optional dependency
-    from nbclient import NotebookClient
+async def _grade_notebook(
+    path: Path, timeout: float, jobs: int, workdir: Path, interrupts: Interrupts
+) -> NotebookReport:
+    import nbformat  # lazy, like the kernels module: an optional dependency
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    from minigrpo.grading import kernels
 
     report = NotebookReport(str(path))
     try:
-        nb = nbformat.read(path, as_version=4)
+        nb = nbformat.reads(read_notebook(path), as_version=4)
     except Exception as error:  # this notebook scores 0; the others are still graded
         report.status = "unreadable"
-        report.errors.append(f"cannot read {path}: {last_traceback_line(error)}")
+        reason = str(error) if isinstance(error, NotebookRefused) else last_traceback_line(error)
+        report.errors.append(f"cannot read {printable(str(path))}: {reason}")
         return report
     token = secrets.token_hex(16)
-    client = NotebookClient(
-        nb,
-        timeout=int(timeout),
-        allow_errors=True,
-        km=_kernel_manager(workdir / f"kernel-{token}"),
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-        extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no start-up warnings on the grader's stderr
-    )
+    folder = workdir / f"notebook-{token}"  # its kernel's spec, connection file and TMPDIR; the judge's files
+    (folder / "tmp").mkdir(parents=True)
+    client = kernels.grading_client(nb, folder, path.parent.resolve(), timeout)
     started, kernel_pid, records = time.monotonic(), None, []
     try:
-        async with client.async_setup_kernel(env=_environment(jobs, **{GRADING_RUN_ENV: token})):
-            kernel_pid = client.km.provisioner.pid  # the kernel's pid: the SID of everything it starts
+        try:
+            env = _environment(jobs, folder / "tmp", **{GRADING_RUN_ENV: token})
+            kernel_pid = await kernels.start_kernel(client, env)
+            await client.async_start_new_kernel_client()
+        except Exception as error:  # no kernel: grading could not run
+            reason = f"could not start a kernel for {printable(str(path))}: {last_traceback_line(error)}"
+            raise GradingError(reason) from error
+        try:
+            code_cells = (index for index, cell in enumerate(nb.cells) if cell.cell_type == "code")
+            for count, index in enumerate(code_cells, start=1):
+                remaining = timeout - (time.monotonic() - started)
+                if remaining <= 0:
+                    raise CellTimeoutError("the notebook ran out of time")
+                client.timeout = max(1, int(math.ceil(remaining)))
+                # execution_count from here, not from the kernel's output messages: they may be lost (limits.py)
+                await client.async_execute_cell(nb.cells[index], index, execution_count=count)
+        except CellTimeoutError:
+            report.status = "timed out"
+            report.errors.append(f"the notebook ran longer than --timeout {timeout:g} s; later cells did not run")
+            await client.km.interrupt_kernel()  # stop the running cell, so the judge can reach the kernel
+        except DeadKernelError as error:
+            report.status = "kernel died"
+            report.errors.append(f"the kernel died: {last_traceback_line(error)}")
+        interrupts.check()  # a signal, which nbclient may have reported as a dead kernel
+        report.seconds = time.monotonic() - started
+        client.kc.stop_channels()  # what the kernel prints while the judge calls it is read by no one
+        if alive(kernel_pid) and _check_cells_ran(nb):
             try:
-                for index, cell in enumerate(nb.cells):
-                    if cell.cell_type != "code":
-                        continue
-                    remaining = timeout - (time.monotonic() - started)
-                    if remaining <= 0:
-                        raise CellTimeoutError("the notebook ran out of time")
-                    client.timeout = max(1, int(math.ceil(remaining)))
-                    await client.async_execute_cell(cell, index)
-            except CellTimeoutError:
-                report.status = "timed out"
-                report.errors.append(f"the notebook ran longer than --timeout {timeout:g} s; later cells did not run")
-                await client.km.interrupt_kernel()  # stop the running cell, so the judge can reach the kernel
-            except DeadKernelError as error:
-                report.status = "kernel died"
-                report.errors.append(f"the kernel died: {last_traceback_line(error)}")
-            report.seconds = time.monotonic() - started
-            if alive(kernel_pid) and _check_cells_ran(nb):
-                try:
-                    records = await _judge(nb, client.km, kernel_pid, timeout + 60, jobs)
-                except JudgeFailed as failed:
-                    report.errors.append(f"grading failed: {failed}")
-                    records = [{"check": name, "not_run": f"grading failed: {failed}"} for name in expected_checks(nb)]
-    except RuntimeError as error:
-        if client.kc is None:  # the kernel never started: grading could not run
-            raise GradingError(f"could not start a kernel for {path}: {last_traceback_line(error)}") from error
-        raise
-    finally:
+                records = await _judge(nb, client.km, kernel_pid, timeout + 60, jobs, folder)
+            except JudgeFailed as failed:
+                report.errors.append(f"grading failed: {failed}")
+                records = [{"check": name, "not_run": f"grading failed: {failed}"} for name in expected_checks(nb)]
+    finally:  # on every way out, an interrupt (cancellation) included: the kills first, they cannot be cut short
         kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
+        shutil.rmtree(folder, ignore_errors=True)
+        await kernels.stop_kernel(client)
     for cell in nb.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if output.get("output_type") == "error" and output["ename"] != "NotImplementedError":
                 report.errors.append(f"{output['ename']}: {output['evalue']}")
+    report.notes += [note for note in (client.budget.note(), client.lost_output_note()) if note]
     accepted, problems = accept_records(records, expected_checks(nb))
     report.errors += problems
     collect(nb, accepted, report)
     return report
 
 
-async def _grade_all(notebooks: list[Path], timeout: float, jobs: int, workdir: Path, progress) -> list[NotebookReport]:
+async def _grade_all(notebooks: list[Path], timeout: float, jobs: int, workdir: Path, interrupts, done) -> None:
+    """Grade every notebook, `jobs` at a time; done(index, report) as each one finishes."""
     gate = asyncio.Semaphore(jobs)
 
-    async def one(path: Path) -> NotebookReport:
+    async def one(index: int, path: Path) -> None:
         async with gate:
-            report = await _grade_notebook(path, timeout, jobs, workdir)
-            progress(report)
-            return report
+            done(index, await _grade_notebook(path, timeout, jobs, workdir, interrupts))
 
-    return list(await asyncio.gather(*(one(p) for p in notebooks)))
+    await asyncio.gather(*(one(i, p) for i, p in enumerate(notebooks)))
 
 
 def grade_notebooks(
     paths: Sequence[str | Path], timeout: float = 600, jobs: int | None = None, progress=None
 ) -> list[NotebookReport]:
-    """Execute each notebook in its own kernel (`jobs` at a time) and collect its checks."""
+    """Execute each notebook in its own kernel (`jobs` at a time) and collect its checks.
+
+    SIGINT or SIGTERM (in the main thread) stops grading: raises GradingInterrupted with the reports finished
+    before the signal; the notebooks being graded then are cleaned up and get no report.
+    """
     notebooks = [Path(p) for p in paths]
     if jobs is None:
         jobs = int(os.environ.get("MINIGRPO_GRADE_JOBS", "0")) or min(len(notebooks), _cpu_count(), 4)
     jobs = max(1, jobs)
-    with tempfile.TemporaryDirectory(prefix="minigrpo-grade-") as tmp:  # kernel specs only
-        return asyncio.run(_grade_all(notebooks, timeout, jobs, Path(tmp), progress or (lambda report: None)))
+    reports: dict[int, NotebookReport] = {}
+    with Interrupts() as interrupts, without_working_folder():
+
+        def done(index: int, report: NotebookReport) -> None:
+            if interrupts.signal is None:  # a notebook that finishes after the signal is not graded
+                reports[index] = report
+                (progress or (lambda report: None))(report)
+
+        async def grade_all(workdir: Path) -> None:
+            interrupts.watch(asyncio.current_task())
+            await _grade_all(notebooks, timeout, jobs, workdir, interrupts, done)
+
+        with tempfile.TemporaryDirectory(prefix="minigrpo-grade-") as tmp:
+            try:
+                asyncio.run(grade_all(Path(tmp)))
+            except asyncio.CancelledError:
+                if interrupts.signal is None:
+                    raise
+    if interrupts.signal is not None:
+        graded = [reports[i] for i in sorted(reports)]
+        not_graded = [p for i, p in enumerate(notebooks) if i not in reports]
+        raise GradingInterrupted(interrupts.signal, graded, not_graded)
+    return [reports[i] for i in range(len(notebooks))]
 
 
-def format_scores(reports: list[NotebookReport]) -> str:
-    """The score table: exercise, check, points, max; then a total and what failed."""
-    width = max([len("exercise")] + [len(r.exercise) for r in reports])
-    check_width = max([len("check")] + [len(c["check"]) for r in reports for c in r.checks])
+def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()) -> str:
+    """The score table: exercise, check, points, max; then a total, what failed, and what was not graded.
+
+    Every name and message a learner made is escaped (`limits.printable`): one line of text is one line of the table.
+    """
+    names = [printable(r.exercise) for r in reports]
+    width = max([len("exercise")] + [len(n) for n in names])
+    check_width = max([len("(no checks)")] + [len(c["check"]) for r in reports for c in r.checks])
     lines = [f"{'exercise':<{width}}  {'check':<{check_width}}  {'points':>6}  {'max':>4}"]
     lines.append("-" * len(lines[0]))
-    for report in reports:
+    for name, report in zip(names, reports, strict=True):
         rows = report.checks or [{"check": "(no checks)", "points": 0, "max_points": 0}]
         for check in rows:
             lines.append(
-                f"{report.exercise:<{width}}  {check['check']:<{check_width}}  "
+                f"{name:<{width}}  {check['check']:<{check_width}}  "
                 f"{format_points(check['points']):>6}  {format_points(check['max_points']):>4}"
             )
     lines.append("-" * len(lines[0]))
     total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
     lines.append(f"{'total':<{width}}  {'':<{check_width}}  {format_points(total):>6}  {format_points(most):>4}")
-    details = []
-    for report in reports:
+    details, notes = [], []
+    for name, report in zip(names, reports, strict=True):
         if report.status != "ok":
-            details.append(f"{report.exercise}: {report.status}")
+            details.append(f"{name}: {report.status}" + (f" ({report.errors[0]})" if report.errors else ""))
         for check in report.checks:
             if "not_run" in check:
-                details.append(f"{report.exercise} / {check['check']}: did not run ({check['not_run']})")
+                details.append(f"{name} / {check['check']}: did not run ({check['not_run']})")
             for case in check.get("cases", []):
                 if not case["passed"]:
-                    details.append(f"{report.exercise} / {check['check']} / {case['name']}: {case['message']}")
+                    details.append(f"{name} / {check['check']} / {case['name']}: {case['message']}")
+        notes += [f"{name}: {note}" for note in report.notes]
     if details:
-        lines += ["", "what lost points:"] + [f"  {d}" for d in details]
+        lines += ["", "what lost points:"] + [f"  {printable(d)}" for d in details]
+    if notes:
+        lines += ["", "notes:"] + [f"  {printable(n)}" for n in notes]
+    if not_graded:
+        lines += ["", "not graded (grading was interrupted; no score recorded):"]
+        lines += [f"  {printable(str(p))}" for p in not_graded]
     return "\n".join(lines)
 
 
+def say(text: str, stream=None) -> None:
+    """Print `text` so that any stream can write it: what its encoding lacks is written as a backslash escape."""
+    stream = stream or sys.stdout
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream, flush=True)
+
+
 def grade_command(path: str, as_json: bool = False, timeout: float = 600) -> int:
-    """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run."""
+    """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
+    128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143)."""
     try:
         notebooks = find_notebooks(path)
     except FileNotFoundError as error:
-        print(f"error: {error}", file=sys.stderr)
+        say(f"error: {error}", sys.stderr)
         return 2
 
     def progress(report: NotebookReport) -> None:
         score = f"{format_points(report.points)}/{format_points(report.max_points)}"
-        print(
-            f"graded {report.path}: {score} in {report.seconds:.1f} s"
-            + ("" if report.status == "ok" else f" ({report.status})"),
-            file=sys.stderr,
-        )
+        status = "" if report.status == "ok" else f" ({report.status})"
+        say(f"graded {printable(report.path)}: {score} in {report.seconds:.1f} s{status}", sys.stderr)
 
-    started = time.monotonic()
+    started, not_graded, stopped = time.monotonic(), [], None
     try:
         reports = grade_notebooks(notebooks, timeout=timeout, progress=progress)
     except GradingError as error:
-        print(f"error: {error}", file=sys.stderr)
+        say(f"error: {error}", sys.stderr)
         return 1
+    except GradingInterrupted as interrupted:
+        reports, not_graded, stopped = interrupted.reports, interrupted.not_graded, interrupted
     total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
     if as_json:
         summary = {
@@ -465,8 +521,18 @@ def grade_command(path: str, as_json: bool = False, timeout: float = 600) -> int
             "points": total,
             "max_points": most,
             "seconds": round(time.monotonic() - started, 2),
+            "limits": LIMITS,
         }
-        print(json.dumps({**summary, "notebooks": [r.to_dict() for r in reports]}, indent=1))
+        if stopped:
+            summary |= {"interrupted": stopped.signal_name, "not_graded": [str(p) for p in not_graded]}
+        say(json.dumps({**summary, "notebooks": [r.to_dict() for r in reports]}, indent=1))  # ASCII: any stdout
     else:
-        print(format_scores(reports))
+        say(format_scores(reports, not_graded))
+    if stopped:
+        names = ", ".join(printable(str(p)) for p in not_graded) or "none"
+        say(
+            f"interrupted by {stopped.signal_name}: grading stopped; not graded (no score recorded): {names}",
+            sys.stderr,
+        )
+        return 128 + stopped.signal_number
     return 0

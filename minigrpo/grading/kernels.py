@@ -1,0 +1,150 @@
+"""The notebook's kernel as the grader runs it: files of its own, capped messages, no frontend.
+
+- The kernel's stdin, stdout and stderr are /dev/null, never the grader's: what a
+  cell writes to file descriptor 1 or 2 (`os.write(1, ...)`, `os.system("echo
+  ...")`, `sys.__stdout__`) reaches the grader only as the kernel's output
+  messages (ipykernel captures those descriptors), counted against the caps of
+  `minigrpo.grading.limits`, and never reaches the grader's own output.
+- Its kernel spec, its connection file (which holds the kernel's key) and its
+  TMPDIR are in a folder the runner makes for the notebook inside the grader's
+  temporary folder, and removes however grading ends.
+- The grader's connection refuses a message over MAX_MESSAGE_BYTES
+  (ZMQ_MAXMSGSIZE): a cell that prints a gigabyte at once is dropped before the
+  grader holds it.
+- Widgets' messages (comms) are ignored: the grader saves no notebook.
+- The kernel is started and stopped here, not by nbclient's `async_setup_kernel`,
+  whose SIGINT and SIGTERM handlers stop the kernel and let grading go on
+  (`minigrpo.grading.processes.Interrupts` stops grading instead).
+
+Imported only when a notebook is graded: jupyter_client, nbclient and zmq come
+with the package's `notebooks` / `test` extras, and a learner's
+`from minigrpo.grading import check_x` must not need them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import zmq.asyncio
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+
+from minigrpo.grading import limits
+from minigrpo.grading.limits import MAX_MESSAGE_BYTES, OutputBudget, capped_context, output_size, trim_error
+
+
+class _CappedKernelManager(AsyncKernelManager):
+    """A kernel manager whose clients share its capped context (jupyter_client would give each a new one)."""
+
+    def client(self, **kwargs):
+        return super().client(context=self.context, **kwargs)
+
+
+def kernel_manager(folder: Path) -> AsyncKernelManager:
+    """A kernel of the Python running the grader (not whatever 'python' is on PATH), its files in `folder`."""
+    spec_dir = folder / "kernels" / "minigrpo-grader"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "minigrpo grader",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return _CappedKernelManager(
+        kernel_name="minigrpo-grader",
+        kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(folder / "kernels")]),
+        connection_file=str(folder / "connection.json"),
+        context=capped_context(zmq.asyncio.Context),
+    )
+
+
+class GradingClient(NotebookClient):
+    """nbclient's executor, keeping at most `budget` of the cells' output and ignoring widgets.
+
+    `finished` lists the cells whose end (the kernel's "idle" status) came through the output connection.
+    """
+
+    budget: OutputBudget
+    finished: set[int]
+
+    def process_message(self, msg, cell, cell_index):
+        if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+            self.finished.add(cell_index)
+        return super().process_message(msg, cell, cell_index)
+
+    def lost_output_note(self) -> str | None:
+        """A line for the report when a cell ran but its output did not all arrive (the connection closed)."""
+        cells = [
+            index
+            for index, cell in enumerate(self.nb.cells)
+            if cell.cell_type == "code" and cell.get("execution_count") and index not in self.finished
+        ]
+        if not cells:
+            return None
+        return (
+            f"the output of cells {', '.join(map(str, cells))} (counted from 0) did not all reach the grader: "
+            f"the kernel sent a message over {MAX_MESSAGE_BYTES / 2**20:g} MiB, which closes its output "
+            "connection, or the machine was too slow"
+        )
+
+    def output(self, outs, msg, display_id, cell_index):
+        if msg["msg_type"] == "error":  # kept whatever the budget: the report names the error
+            msg = {**msg, "content": trim_error(msg["content"])}
+        elif not self.budget.keep(cell_index, output_size(msg["content"])):
+            return None
+        return super().output(outs, msg, display_id, cell_index)
+
+    def handle_comm_msg(self, outs, msg, cell_index) -> None:
+        return None
+
+
+# limits.py alone (it imports only the standard library), not the package: a kernel starts in a second, not ten
+_CUT_OUTPUT = f"__import__('runpy').run_path({limits.__file__!r})['limit_kernel_output']()"
+
+
+def grading_client(nb, folder: Path, cwd: Path, timeout: float) -> GradingClient:
+    """The executor of one notebook: its kernel's files in `folder`, run in `cwd` (the notebook's folder)."""
+    client = GradingClient(
+        nb,
+        timeout=int(timeout),
+        allow_errors=True,
+        km=kernel_manager(folder),
+        resources={"metadata": {"path": str(cwd)}},
+        extra_arguments=[
+            "--IPKernelApp.log_level=ERROR",  # no start-up warnings
+            f"--IPKernelApp.exec_lines={_CUT_OUTPUT}",  # small messages, however much a cell prints
+        ],
+    )
+    client.budget, client.finished = OutputBudget(), set()
+    return client
+
+
+async def start_kernel(client: GradingClient, env: dict) -> int:
+    """Start the notebook's kernel, its stdin, stdout and stderr /dev/null; its pid (the SID of all it starts).
+
+    Then connect with `client.async_start_new_kernel_client()`.
+    """
+    devnull = subprocess.DEVNULL
+    await client.async_start_new_kernel(env=env, stdin=devnull, stdout=devnull, stderr=devnull)
+    return client.km.provisioner.pid
+
+
+async def stop_kernel(client: GradingClient) -> None:
+    """Disconnect, reap the kernel (the runner has killed it) and remove its connection file; never raises."""
+    km = client.km
+    if client.kc is not None:
+        client.kc.stop_channels()
+        client.kc = None
+    try:
+        if km.has_kernel:
+            await asyncio.wait_for(km.shutdown_kernel(now=True), 10)
+        else:
+            await km.cleanup_resources()
+    except Exception:  # the kernel is dead already; its folder is removed by the runner in any case
+        pass
+    km.context.destroy(linger=0)
