@@ -5,8 +5,8 @@ front end (ipywidgets 8's JupyterLab extension) renders each explorer, moving a 
 table and its figure, and the controls stay readable at a 1,000- and a 1,400-pixel window (no toggle buttons
 wrapped under their label, no label cut short). A JupyterLab server runs on 127.0.0.1 with a token, in a temporary
 copy of the lessons; Playwright drives the system's Chromium (Debian's `chromium` package, which `.ci/run`
-installs), never a browser that Playwright downloads. Screenshots go to $MINIGRPO_SCREENSHOTS (default: a folder
-under pytest's temporary directory, printed by the test).
+installs; another with $MINIGRPO_CHROMIUM), never a browser that Playwright downloads. Screenshots go to
+$MINIGRPO_SCREENSHOTS (default: a folder under pytest's temporary directory, printed by the test).
 
 Without Chromium, Playwright or JupyterLab the test is skipped with the reason; in CI (CI=true) it fails instead.
 """
@@ -260,6 +260,16 @@ def figure_scale(output) -> float:
     return output.locator(".widget-output img").evaluate(
         "(img) => img.getBoundingClientRect().width / img.naturalWidth"
     )
+
+
+def test_every_explorer_a_lesson_shows_is_tested():
+    """EXPLORERS lists every explorer a lesson builds (this part needs no browser)."""
+    shown = set()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                shown |= {(path.stem, call) for call in re.findall(r"\b(\w+_explorer\()", cell.source)}
+    assert shown == {(name, call) for name, explorers in EXPLORERS.items() for call, _ in explorers}
 
 
 @pytest.mark.parametrize("name", list(EXPLORERS))
