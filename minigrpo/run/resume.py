@@ -29,8 +29,10 @@ from minigrpo.run.distributed import tie_weights
 def termination_as_interrupt():
     """While training, SIGTERM and SIGHUP raise KeyboardInterrupt, so they save and stop as Ctrl-C does: `kill`,
     `docker stop`, SLURM's pre-emption and a notebook runtime shutting down send SIGTERM; a closed terminal SIGHUP.
-    Python lets only the main thread set handlers: elsewhere the signals keep their own behaviour."""
-    if threading.current_thread() is not threading.main_thread():
+    Python lets only the main thread set handlers: elsewhere the signals keep their own behaviour. Under torchrun too:
+    torchrun ends the other ranks with SIGTERM when one fails, and a rank blocked in a collective (waiting for the
+    failed one) could not run a Python handler, so it would hang instead of ending."""
+    if threading.current_thread() is not threading.main_thread() or distributed.is_distributed():
         yield
         return
 
