@@ -197,6 +197,7 @@ class Trainer(CheckpointMixin):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0  # optimizer steps taken (TRL's global_step)
         self.num_tokens = 0  # prompt + completion tokens generated for training (TRL's num_tokens)
+        self._tokens_generated = 0  # this rank's, in the current step
         self.history: list[dict] = []
         self.completion_extras: dict[str, list] = {}  # the last generation's log_extra columns
         self.state = TrainerState(self)
@@ -472,8 +473,11 @@ class Trainer(CheckpointMixin):
     def training_step(self) -> dict:
         """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
         started = time.perf_counter()
+        self._tokens_generated = 0
         with distributed.fail_together("the rollout"):  # a rank that fails here stops every rank
             rollout, rewards, metrics = self.collect_rollout()
+        # after fail_together, never inside it: every rank must reach this collective, or none
+        self.num_tokens += distributed.global_sum(torch.tensor(self._tokens_generated))
         updated = time.perf_counter()
         metrics.update(self.optimize(rollout, rewards))
         metrics["time/update"] = time.perf_counter() - updated
@@ -518,8 +522,8 @@ class Trainer(CheckpointMixin):
             extras,
         )
         self.completion_extras = extras.extra_columns
-        # TRL's num_tokens: prompt + completion tokens generated for training so far, over every process
-        self.num_tokens += distributed.global_sum(rollout.prompt_mask) + distributed.global_sum(rollout.completion_mask)
+        # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in training_step
+        self._tokens_generated += int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(extras.metric_means())  # what the reward functions logged with log_metric
         return rollout, rewards_per_func, rewards, metrics
