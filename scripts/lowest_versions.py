@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=ROOT / ".venv-lowest", help="made afresh (default .venv-lowest)")
     parser.add_argument("--install-only", action="store_true", help="make the environment, run no test")
+    parser.add_argument("--no-lessons", action="store_true", help="the unit tests only, without lessons 00-04")
     parser.add_argument("pytest_args", nargs="*", help="instead of the default selection (after --)")
     args = parser.parse_args(argv)
     pins = lowest_pins(tomllib.loads((ROOT / "pyproject.toml").read_text()))
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     deselect = [f"--deselect={test}" for tests in LEFT_OUT.values() for test in tests]
     ignore = [f"--ignore={test}" for test in SLOW_TESTS]
     lessons = sorted(str(path.relative_to(ROOT)) for pattern in LESSONS for path in ROOT.glob(f"{pattern}.ipynb"))
+    lessons = [] if args.no_lessons else lessons
     selection = args.pytest_args or ["tests", *lessons, *ignore, *deselect]
     start = time.monotonic()
     code = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *selection], cwd=ROOT, env=env)
