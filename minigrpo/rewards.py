@@ -88,6 +88,8 @@ class RewardExtras:
     log_metric(name, value): a scalar averaged over the logging step and logged beside the built-in metrics.
     """
 
+    KEYWORDS = ("trainer_state", "log_extra", "log_metric")  # what as_kwargs passes, shared by every function
+
     trainer_state: object = None
     extra_columns: dict[str, list] = field(default_factory=dict)
     metrics: dict[str, list[float]] = field(default_factory=dict)
@@ -99,14 +101,14 @@ class RewardExtras:
         self.metrics.setdefault(name, []).append(float(value))
 
     def as_kwargs(self) -> dict:
-        return {"trainer_state": self.trainer_state, "log_extra": self.log_extra, "log_metric": self.log_metric}
+        return {name: getattr(self, name) for name in self.KEYWORDS}
 
     def metric_means(self) -> dict[str, float]:
         """Each logged metric's mean over the calls of this step."""
         return {name: sum(values) / len(values) for name, values in self.metrics.items() if values}
 
 
-EXTRA_KEYWORDS = {"completion_ids", "trainer_state", "log_extra", "log_metric"}
+EXTRA_KEYWORDS = {"completion_ids", *RewardExtras.KEYWORDS}
 
 
 def is_async_reward(func: RewardFunc) -> bool:
@@ -182,8 +184,7 @@ def call_async_reward_funcs(funcs: list[RewardFunc], kwargs: dict, timeout: floa
 def own_copy(kwargs: dict) -> dict:
     """A reward function's own copy of its inputs: one that edits `completions` in place (or pops from it) cannot
     change what the next function and the rollout see. trainer_state, log_extra and log_metric are shared."""
-    shared = {"trainer_state", "log_extra", "log_metric"}
-    return {key: value if key in shared else copy.deepcopy(value) for key, value in kwargs.items()}
+    return {key: value if key in RewardExtras.KEYWORDS else copy.deepcopy(value) for key, value in kwargs.items()}
 
 
 def _guarded_call(func, call: Callable, n: int, columns: dict, timeout: float | None):
@@ -283,18 +284,19 @@ def compute_rewards(
     if reward_timeout is not None and not reward_timeout > 0:
         raise ValueError(f"reward_timeout={reward_timeout}: give a positive number of seconds, or None for no limit.")
     keywords = {**columns, **(extras or RewardExtras()).as_kwargs()}
-    scores: dict[int, list[float]] = {}
-    for f, func in enumerate(reward_funcs):
-        if not is_async_reward(func):
-            scores[f] = call_reward_func(func, prompts, completions, completion_ids, keywords, reward_timeout)
     async_funcs = [f for f, func in enumerate(reward_funcs) if is_async_reward(func)]
+    scores: dict[int, list[float]] = {
+        f: call_reward_func(func, prompts, completions, completion_ids, keywords, reward_timeout)
+        for f, func in enumerate(reward_funcs)
+        if f not in async_funcs
+    }
     if async_funcs:
         kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **keywords}
         awaited = call_async_reward_funcs([reward_funcs[f] for f in async_funcs], kwargs, reward_timeout)
         scores.update(zip(async_funcs, awaited, strict=True))
     columns_per_func = [scores[f] for f in range(len(reward_funcs))]
     # summed in float64, then checked where they are used (float32): 1e39 is finite in one and inf in the other
-    rewards_per_func = torch.tensor(columns_per_func, dtype=torch.float64).T.reshape(len(completions), -1)  # (N, F)
+    rewards_per_func = torch.tensor(columns_per_func, dtype=torch.float64).T  # (N, F)
     rewards = torch.nansum(rewards_per_func * torch.tensor(weights, dtype=torch.float64), dim=1)  # (N,)
     check_float32_range(reward_funcs, weights, rewards_per_func, rewards)
     return rewards_per_func.float(), rewards.float()  # (N, F), (N,)
