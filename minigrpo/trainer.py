@@ -406,11 +406,14 @@ class Trainer(CheckpointMixin):
         if not distributed.is_main_process():
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True) + "\n")
+        # checkpoints.dumps, as metrics.jsonl: a NaN metric is written as null, so the file stays valid JSON
+        (self.output_dir / f"{split}_results.json").write_text(
+            checkpoints.dumps(metrics, indent=4, sort_keys=True) + "\n"
+        )
         if combined:
             path = self.output_dir / "all_results.json"
             combined_metrics = json.loads(path.read_text()) if path.exists() else {}
-            path.write_text(json.dumps({**combined_metrics, **metrics}, indent=4, sort_keys=True) + "\n")
+            path.write_text(checkpoints.dumps({**combined_metrics, **metrics}, indent=4, sort_keys=True) + "\n")
 
     def save_state(self) -> None:
         """Write <output_dir>/trainer_state.json: step, epoch and log history, as transformers' save_state."""
@@ -727,6 +730,7 @@ class GRPOTrainer(Trainer):
         rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
         rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
         metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
+        metrics.update(average_metrics([r[3] for r in rounds]))  # what reward functions logged: over the rounds
         for key in ("time/rollout", "time/rewards"):
             metrics[key] = sum(r[3][key] for r in rounds)
         metrics.update(
