@@ -11,3 +11,6 @@ os.environ.setdefault("MINIGRPO_QUICK", "1")  # minigrpo.course.QUICK: short tra
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in CI logs
+# transformers and huggingface_hub pass tqdm an explicit `disable`, so TQDM_DISABLE misses their bars (transformers 5
+# draws "Loading weights" as a widget, which nbval would see as an unexpected output of a checked cell).
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
