@@ -304,3 +304,16 @@ def test_trainers_without_the_refill_refuse_it(tiny, train_dataset, refill_confi
     monkeypatch.setattr("minigrpo.trainer.distributed.check_config", lambda config: None)
     with pytest.raises(NotImplementedError, match="does not run under torchrun"):
         GRPOTrainer(model, [even_answers_vary], refill_config, train_dataset, processing_class=tokenizer)
+
+
+def test_what_reward_functions_log_survives_the_refill(tiny, train_dataset, refill_config):
+    model, tokenizer = tiny
+
+    def logging_reward(prompts, completions, completion_ids, log_metric, **columns):
+        log_metric("calls", 1.0)
+        return even_answers_vary(prompts, completions, completion_ids, **columns)
+
+    logging_reward.__name__ = "even_answers_vary"
+    trainer = GRPOTrainer(model, [logging_reward], refill_config, train_dataset, processing_class=tokenizer)
+    trainer.train()
+    assert all(row["calls"] == 1.0 for row in trainer.state.log_history)  # log_metric's mean over every round
