@@ -1,4 +1,4 @@
-"""Every pytest run (unit tests, and nbval over notebooks/ and solutions/) is offline and in quick mode.
+"""Every pytest run (unit tests, and nbval over notebooks/ or solutions/) is offline and in quick mode.
 
 nbval's kernels inherit this process's environment, so the notebooks see the same settings. Being at the
 root, this applies to `python -m pytest`, `pytest notebooks/` and `pytest solutions/` alike. A learner's

@@ -1,6 +1,7 @@
 """The course notebooks as files: Colab-ready, committed without outputs except the checked cells, wired to nbval.
 
-nbval itself runs the notebooks (pytest's testpaths include notebooks/ and solutions/, with --nbval-lax); these
+nbval itself runs the lessons (pytest's testpaths include notebooks/, with --nbval-lax; the grading test runs the
+solutions, which have no checked cell); these
 tests check what nbval cannot: the badge and setup cell are stamped, nothing but the outputs that nbval compares
 is committed (and no widget state), each lesson asks for the model it should, and the pytest configuration really
 runs the notebooks. `python scripts/stamp_colab.py --clean` fixes what the stamping and output tests find.
@@ -198,10 +199,18 @@ def test_colab_url_comes_from_the_repository_url():
 
 
 def test_pytest_runs_the_notebooks_with_nbval_and_not_the_exercises(pytestconfig):
-    assert pytestconfig.getini("testpaths") == ["tests", "notebooks", "solutions"]
+    assert pytestconfig.getini("testpaths") == ["tests", "notebooks"]
     addopts = pytestconfig.getini("addopts")
     assert "--nbval-lax" in addopts and "--nbval-current-env" in addopts
     assert any(opt.startswith("--nbval-cell-timeout=") for opt in addopts)
     assert pytestconfig.option.nbval_lax and pytestconfig.option.nbval_cell_timeout <= 600
     assert "exercises" in pytestconfig.getini("norecursedirs")
     assert "MINIGRPO_QUICK" in (ROOT / "conftest.py").read_text()  # applies to notebooks/ and solutions/
+
+
+def test_solutions_have_no_checked_cell():
+    """nbval does not run solutions/ (the grading test runs them): a checked output there would never be compared."""
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        checked = [i for i, cell in enumerate(cells) if "NBVAL_CHECK_OUTPUT" in cell.source]
+        assert not checked, f"{path.name}: cells {checked} are marked # NBVAL_CHECK_OUTPUT; check those values in a test"
