@@ -45,15 +45,22 @@ FROM_SOURCE = {"psutil"}  # psutil 5.9.0 has no wheel for Python 3.11+ (the firs
 LESSONS = [f"notebooks/{name}" for name in ("00_*", "01_*", "02_*", "03_*", "04_*")]
 # The unit tests, less those that take minutes and whose third-party calls the remaining tests make too, so that
 # .ci/run stays within 30 minutes on two cores: the browser test (JupyterLab 4 with ipywidgets 8, the newest front
-# end), the wheel test (packaging), the multi-process runs (torch.distributed: the same torch in both runs), and the
-# long fault-injection and lab runs (their checkpoint saving and loading is in test_checkpoints*.py, kept).
+# end), the wheel test (packaging), the multi-process runs (torch.distributed: the same torch in both runs), the
+# long fault-injection and lab runs (their checkpoint saving and loading is in test_checkpoints*.py, kept), the
+# benchmarks' fast modes and the process-measuring tests (the same trainer the unit tests run), and the grader's
+# many-notebook runs (tests/test_grading.py's single-notebook runs keep nbclient and ipykernel at their lowest).
 SLOW_TESTS = [
     "tests/test_browser.py",
     "tests/test_wheel.py",
     "tests/test_distributed.py",
     "tests/test_faults.py",
     "tests/test_experiments.py",
+    "tests/test_bench.py",
+    "tests/test_measure.py",
+    "tests/test_grading_cheats.py",
+    "tests/test_grading_isolation.py",
 ]
+SLOW_CASES = ["tests/test_grading.py::test_grading_solutions_gives_full_marks_and_exercises_zero"]
 
 
 def lowest_pins(pyproject: dict, extras: tuple[str, ...] = EXTRAS) -> list[str]:
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.install_only:
         return 0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    deselect = [f"--deselect={test}" for tests in LEFT_OUT.values() for test in tests]
+    deselect = [f"--deselect={test}" for tests in [*LEFT_OUT.values(), SLOW_CASES] for test in tests]
     ignore = [f"--ignore={test}" for test in SLOW_TESTS]
     lessons = sorted(str(path.relative_to(ROOT)) for pattern in LESSONS for path in ROOT.glob(f"{pattern}.ipynb"))
     lessons = [] if args.no_lessons else lessons
