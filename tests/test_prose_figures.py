@@ -1,0 +1,180 @@
+"""Prose figures under test: a number a lesson's text shows is one its checked cells print, or a cited figure.
+
+A figure a lesson computes is never retyped by hand: the prose points at the checked cell that prints it, or a
+checked cell prints it. So every number in a lesson's markdown with a decimal point or a percent sign must equal,
+at the digits the prose shows, a number of one of its `# NBVAL_CHECK_OUTPUT` cells (their printed outputs, or the
+inputs written in their code), or be declared in the notebook's metadata as a cited figure with its source:
+
+    "cited_figures": [{"figures": ["0.562", "0.080"], "source": "full study: python bench/ppo_vs_grpo.py"}, ...]
+
+A source is a paper (an arXiv id), a command that reproduces a full-mode run ("python ..."), or another lesson
+("lesson 06"), whose checked outputs must then hold the figure. Skipped: fenced, indented and inline code (code, not
+figures), the exercises (their numbers are inputs), numbers inside a name or version (Qwen2.5-0.5B, TRL 1.16,
+torch 2.13, arXiv 2402.03300, section 5.2.2, compute capability 7.5) and the lesson's own section numbers (6.3).
+Solutions keep no outputs, so they are out of scope.
+"""
+
+import math
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CHECK = "NBVAL_CHECK_OUTPUT"
+
+FENCED = re.compile(r"```.*?```", re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+FIGURE = re.compile(r"(?<![\w.\-/^])[-−]?\d+(?:,\d{3})*(?:\.\d+%?|%)")
+PRINTED = re.compile(r"[-+−]?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+NAMED_BEFORE = re.compile(
+    r"(?:arXiv|TRL|torch|transformers|Python|python|version|v|sections?|Section|eq\.|Eq\.|equation|Table|Figure"
+    r"|capability)"
+    r"[ ,]*$"
+)
+HEADING_NUMBER = re.compile(r"^#+\s+(\d+(?:\.\d+)*)", re.M)
+
+
+def figures_in(text: str) -> list[tuple[str, str]]:
+    """(figure, context) for every decimal or percent figure of prose `text` that is not part of a name."""
+    found = []
+    for match in FIGURE.finditer(text):
+        start, end = match.span()
+        after = text[end : end + 2]
+        if after[:1].isalpha() or after[:1] == "_" or (after[:1] == "." and after[1:2].isdigit()):
+            continue  # 0.5B, Qwen2.5-0.5B-Instruct, 1.16.0: a name or a version
+        if NAMED_BEFORE.search(text[max(0, start - 30) : start]) or text[max(0, start - 2) : start][-1:].isalpha():
+            continue
+        found.append((match.group(0), text[max(0, start - 50) : end + 20].replace("\n", " ")))
+    return found
+
+
+def without_code(markdown: str) -> str:
+    """Markdown without its code: fenced blocks, indented blocks and inline spans."""
+    text = FENCED.sub(" ", markdown)
+    text = "\n".join(line for line in text.split("\n") if not line.startswith("    "))
+    return INLINE_CODE.sub(" ", text)
+
+
+EXERCISES = re.compile(r"^## Exercises\n.*?(?=^## |\Z)", re.M | re.S)
+
+
+def prose(nb) -> str:
+    """The lesson's markdown, without code, the Colab badge and the exercises (whose numbers are inputs to work
+    with, not figures the lesson computed)."""
+    cells = [c.source for c in nb.cells if c.cell_type == "markdown" and c.get("id") != "colab-badge"]
+    return EXERCISES.sub(" ", "\n".join(without_code(source) for source in cells))
+
+
+def checked_numbers(nb) -> list[float]:
+    """Every number in the checked cells: what they print, and the inputs written in their code."""
+    numbers = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or CHECK not in cell.source:
+            continue
+        texts = [cell.source] + [o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in cell.outputs]
+        for text in texts:
+            numbers += [float(m.replace("−", "-").replace(",", "")) for m in PRINTED.findall(text)]
+    return numbers
+
+
+def shown_equals(figure: str, numbers: list[float]) -> bool:
+    """Whether `figure` (as the prose shows it) equals one of `numbers` rounded to the digits it shows; a
+    percentage may also be a printed fraction (7% is 0.07)."""
+    text = figure.replace("−", "-").replace(",", "")
+    percent = text.endswith("%")
+    text = text.rstrip("%")
+    digits = len(text.split(".")[1]) if "." in text else 0
+    value = float(text)
+    for number in numbers:
+        for candidate in (number, 100 * number) if percent else (number,):
+            if math.isclose(round(candidate, digits), value, abs_tol=10 ** -(digits + 6)):
+                return True
+    return False
+
+
+def lesson(number: str):
+    (path,) = (ROOT / "notebooks").glob(f"{number}_*.ipynb")
+    return nbformat.read(path, as_version=4)
+
+
+def cited(nb) -> dict[str, str]:
+    """The notebook's declared figures: {figure: source}."""
+    declared = {}
+    for entry in nb.metadata.get("cited_figures", []):
+        for figure in entry["figures"]:
+            declared[figure] = entry["source"]
+    return declared
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem[:2])
+def test_every_prose_figure_is_printed_or_cited(path):
+    nb = nbformat.read(path, as_version=4)
+    text = prose(nb)
+    sections = set(HEADING_NUMBER.findall(text))
+    numbers = checked_numbers(nb)
+    declared = cited(nb)
+    retyped = [
+        f"{figure!r} in ...{context}..."
+        for figure, context in figures_in(text)
+        if figure not in sections and figure not in declared and not shown_equals(figure, numbers)
+    ]
+    assert not retyped, (
+        f"{path.name}: figures in the prose that no checked cell prints and that are not declared as cited "
+        "(point at the cell that prints them, print them in a checked cell, or cite their source in the "
+        "notebook's metadata 'cited_figures'):\n" + "\n".join(retyped)
+    )
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem[:2])
+def test_cited_figures_have_a_source_and_are_used(path):
+    nb = nbformat.read(path, as_version=4)
+    shown = {figure for figure, _ in figures_in(prose(nb))}
+    for figure, source in cited(nb).items():
+        assert figure in shown, f"{path.name}: cited figure {figure!r} is no longer in the prose: remove it"
+        other = re.search(r"\blesson (\d\d)\b", source)
+        if other:
+            assert shown_equals(figure, checked_numbers(lesson(other.group(1)))), (
+                f"{path.name}: {figure!r} is cited from lesson {other.group(1)}, whose checked cells do not print it"
+            )
+        else:
+            assert re.search(r"arXiv \d{4}\.\d{4,5}|python ", source), (
+                f"{path.name}: cite {figure!r} with a paper (arXiv id and section) or the command of a full run, "
+                f"not {source!r}"
+            )
+    assert len(cited(nb)) <= 40, f"{path.name}: a long cited list means the prose should point at cells instead"
+
+
+WORDS_PER_MINUTE = 150  # CONTRIBUTING.md: a lesson's time line is its words, prose and code, at 150 a minute
+
+
+def reading_minutes(nb) -> tuple[int, float]:
+    """(words, minutes): every markdown and code cell but the Colab badge and setup cell, at WORDS_PER_MINUTE."""
+    words = sum(len(c.source.split()) for c in nb.cells if c.get("id") not in ("colab-badge", "colab-install"))
+    return words, words / WORDS_PER_MINUTE
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem[:2])
+def test_the_time_line_states_the_reading_time(path):
+    nb = nbformat.read(path, as_version=4)
+    stated = re.search(r"\*\*Time:\*\* about (\d+) minutes to read", prose(nb))
+    assert stated, f"{path.name}: the time line should say '**Time:** about N minutes to read; ...'"
+    words, minutes = reading_minutes(nb)
+    rounded = 5 * math.ceil(minutes / 5)
+    assert abs(int(stated.group(1)) - rounded) <= 5, (
+        f"{path.name} says about {stated.group(1)} minutes to read: its {words} words at {WORDS_PER_MINUTE} a minute "
+        f"are {minutes:.0f} minutes; say about {rounded}"
+    )
+
+
+def test_the_scanner_by_hand():
+    text = (
+        "Qwen2.5-0.5B-Instruct with TRL 1.16 (arXiv 2402.03300, section 5.2.2) moves 0.375 of the way, "
+        "7% of it, 1.0 nats, `lr=0.5` and −0.031 in 6.3"
+    )
+    assert [figure for figure, _ in figures_in(without_code(text))] == ["0.375", "7%", "1.0", "−0.031", "6.3"]
+    assert shown_equals("0.43", [0.4299]) and not shown_equals("0.43", [0.4351])
+    assert shown_equals("7%", [0.070]) and shown_equals("28%", [0.276]) and not shown_equals("7%", [0.078])
+    assert shown_equals("−0.031", [-0.0312]) and shown_equals("9.9", [9.88])
