@@ -1,16 +1,18 @@
 """GRPOConfig: every knob of a GRPO run in one flat dataclass.
 
-Field names, meanings and defaults follow TRL's ``GRPOConfig`` (the version pinned
-in the test extra, 1.16), so ``GRPOConfig()`` trains what ``trl.GRPOConfig()``
-trains and a TRL script means the same thing here. TRL's defaults are not the
-paper's, and they have moved between releases (beta 0.04 -> 0.0, loss_type
-"grpo" -> "bnpo" -> "dapo", constant -> linear learning rate): the paper's
-values live in a named preset instead, ``GRPOConfig.deepseekmath()``, and the
-course's presets (tiny_cpu, qwen_t4, qwen1_5b_lora_t4) start from it. Every
-preset sets every field in ``TRAINING_FIELDS`` (what decides which samples are
-drawn and how the weights are updated), so a change of a bare default never
-moves a preset's run. ``DIFFERING_DEFAULTS`` lists the few fields whose
-default is minigrpo's own, each with its reason (the README prints the table).
+Field names, meanings and defaults follow TRL's ``GRPOConfig`` (the version
+pinned in the test extra, 1.16), so ``GRPOConfig()`` trains what
+``trl.GRPOConfig()`` trains and a TRL script means the same thing here. TRL's
+defaults are not the paper's, and they have moved between releases (beta 0.04 ->
+0.0, loss_type "grpo" -> "bnpo" -> "dapo", constant -> linear learning rate):
+the paper's values live in a named preset instead,
+``GRPOConfig.deepseekmath()``, and the course's presets (tiny_cpu, qwen_t4,
+qwen1_5b_lora_t4) start from it (tiny_cpu decays its rate linearly, as TRL does,
+so that its default run ends at its best). Every preset sets every field in
+``TRAINING_FIELDS`` (what decides which samples are drawn and how the weights
+are updated), so a change of a bare default never moves a preset's run.
+``DIFFERING_DEFAULTS`` lists the few fields whose default is minigrpo's own,
+each with its reason (the README prints the table).
 
 Notation (used everywhere in the package): B prompts per step, G =
 num_generations completions per prompt, N = B * G completions, T completion
@@ -399,7 +401,12 @@ class GRPOConfig:
     @classmethod
     def tiny_cpu(cls, **overrides) -> GRPOConfig:
         """The bundled tiny Qwen on a laptop CPU: the default of `python -m minigrpo train`. The paper's algorithm
-        (deepseekmath()) at the tiny model's sizes and learning rate: TINY_CPU below."""
+        (deepseekmath()) at the tiny model's sizes and learning rate, with TRL's linear decay of the rate to 0 over
+        max_steps in place of the paper's constant rate: TINY_CPU below.
+
+        The default run (`python -m minigrpo train --seed S`; 200 steps; greedy accuracy on 200 held-out problems,
+        evaluated every 25 steps): 0.430 -> 0.755 / 0.785 / 0.790 for seeds 0 / 1 / 2, each within 0.02 of its own
+        best evaluation (0.755 / 0.805 / 0.795). At the constant rate seed 0 ended at 0.615."""
         return cls.from_preset(TINY_CPU, **overrides)
 
     @classmethod
@@ -570,6 +577,10 @@ TINY_CPU = dict(
     max_prompt_length=96,
     max_completion_length=24,  # "What is 12 + 7?" needs a few tokens; 24 leaves room for a format
     learning_rate=3e-4,  # a 260k-parameter model takes far larger steps than a 0.5B one (lesson 08, section 6d)
+    # TRL's default schedule, not the paper's constant rate: at a constant 3e-4 the run's accuracy peaked and fell
+    # back before the end; decayed to 0 over the run's steps, it ends at its best. Chosen on training problems held
+    # back from training (scripts/tune_tiny_cpu.py), never on the test set.
+    lr_scheduler_type="linear",
     max_steps=200,
     num_train_epochs=3.0,
     # operational

@@ -23,7 +23,11 @@ def eval_dataset():
 
 @pytest.fixture
 def small_config(tmp_path):
-    """A few fast steps: 4 prompts x G=4, micro-batches of 8."""
+    """A few fast steps: 4 prompts x G=4, micro-batches of 8, at a constant learning rate.
+
+    Constant, not tiny_cpu()'s linear decay: the tests stop and resume runs with another max_steps, take a step past
+    the end, and read the rate back, and under a decay to 0 at max_steps each of those is another schedule. The tests
+    of the schedule itself set lr_scheduler_type="linear"."""
     return GRPOConfig.tiny_cpu(
         prompts_per_step=4,
         num_generations=4,
@@ -31,5 +35,6 @@ def small_config(tmp_path):
         max_steps=4,
         eval_steps=0,
         save_steps=2,
+        lr_scheduler_type="constant",
         output_dir=str(tmp_path / "run"),
     )

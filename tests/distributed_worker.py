@@ -20,11 +20,13 @@ from minigrpo.tasks.arithmetic import correctness_reward
 
 
 def small_config(output_dir: Path, **overrides) -> GRPOConfig:
-    """4 prompts x G=4 = 16 completions, micro-batches of 8: two per step in one process, one per rank in two."""
+    """4 prompts x G=4 = 16 completions, micro-batches of 8: two per step in one process, one per rank in two. At a
+    constant rate: the resume runs stop at max_steps=2 and continue to 3, one schedule only when it is constant."""
     preset = dict(
         prompts_per_step=4,
         num_generations=4,
         per_device_train_batch_size=8,
+        lr_scheduler_type="constant",
         max_steps=3,
         eval_steps=0,
         save_steps=0,

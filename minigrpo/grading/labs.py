@@ -53,11 +53,14 @@ def tiny_model_and_tokenizer():
 
 
 def small_grpo_config(output_dir: str, **overrides) -> GRPOConfig:
-    """4 prompts x G=4 on the tiny Qwen, one micro-batch: a GRPO step in a fraction of a second."""
+    """4 prompts x G=4 on the tiny Qwen, one micro-batch: a GRPO step in a fraction of a second. At a constant
+    learning rate: the reference takes several steps of a max_steps=1 config, as a learner's optimizer does at
+    config.learning_rate; tiny_cpu()'s linear decay would give every step after the first the rate 0."""
     preset = dict(
         prompts_per_step=4,
         num_generations=4,
         per_device_train_batch_size=16,
+        lr_scheduler_type="constant",
         max_steps=1,
         eval_steps=0,
         save_steps=0,
