@@ -1,0 +1,111 @@
+"""A run's files are its own: a logging_dir or a resume never replaces another run's metrics or checkpoints, a
+checkpoint is checked whole before any part of it is applied, the LoRA settings are part of what a resume compares,
+and a metrics.jsonl cut short by a killed run still reads. No test here trains: each builds a trainer and saves or
+resumes at once (the refusals come before the first step)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minigrpo import GRPOTrainer, load_model_and_tokenizer
+from minigrpo.course.plots import load_history
+from minigrpo.models import lora_config
+from minigrpo.run.checkpoints import HISTORY_FILE, LOCK_FILE, METRICS_FILE, CheckpointError, RunMismatchError
+from minigrpo.tasks.arithmetic import correctness_reward
+
+
+def make(train_dataset, config, peft_config=None):
+    model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")  # a fresh copy: LoRA wraps it in place
+    return GRPOTrainer(
+        model, [correctness_reward], config, train_dataset, processing_class=tokenizer, peft_config=peft_config
+    )
+
+
+def saved_run(train_dataset, config, step: int, peft_config=None) -> Path:
+    """A run's folder as a stopped run leaves it: checkpoint-<step> and a metrics.jsonl, without training."""
+    trainer = make(train_dataset, config, peft_config)
+    trainer.step, trainer.history = step, [{"step": s, "reward": s / 10} for s in range(1, step + 1)]
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in trainer.history))
+    return trainer.save_checkpoint()
+
+
+# --- 1. data loss: another run's metrics and checkpoints are never replaced ------------------------------------
+def test_a_logging_dir_holding_another_run_is_refused_and_left_as_it_was(train_dataset, small_config, tmp_path):
+    run_a = saved_run(train_dataset, small_config.replace(output_dir=str(tmp_path / "a")), step=2).parent
+    metrics_a = (run_a / METRICS_FILE).read_text()
+    config = small_config.replace(output_dir=str(tmp_path / "b"), logging_dir=str(run_a), overwrite_output_dir=True)
+    with pytest.raises(FileExistsError, match=r"logging_dir .*/a is another run's output folder .*checkpoint-2"):
+        make(train_dataset, config).train()
+    assert (run_a / METRICS_FILE).read_text() == metrics_a
+
+    logs = tmp_path / "logs"  # a folder with only an earlier metrics.jsonl: refused unless replacing is asked
+    logs.mkdir()
+    (logs / METRICS_FILE).write_text('{"step": 1}\n')
+    config = small_config.replace(output_dir=str(tmp_path / "c"), logging_dir=str(logs))
+    with pytest.raises(FileExistsError, match=r"logging_dir .*/logs holds the metrics.jsonl of an earlier run"):
+        make(train_dataset, config).train()
+    assert (logs / METRICS_FILE).read_text() == '{"step": 1}\n'
+
+
+def test_resuming_another_runs_checkpoint_never_overwrites_this_output_dir(train_dataset, small_config, tmp_path):
+    config_a = small_config.replace(output_dir=str(tmp_path / "a"), max_steps=2)
+    checkpoint_a = saved_run(train_dataset, config_a, step=2)
+    config_b = config_a.replace(output_dir=str(tmp_path / "b"))
+    saved_run(train_dataset, config_b, step=1)
+    files_b = lambda: {
+        p: p.read_bytes() for p in Path(config_b.output_dir).rglob("*") if p.is_file() and p.name != LOCK_FILE
+    }  # noqa: E731
+    before = files_b()
+    with pytest.raises(FileExistsError, match=r"resuming from .*a/checkpoint-2 \(another run's checkpoint\).*holds"):
+        make(train_dataset, config_b).train(resume_from_checkpoint=str(checkpoint_a))
+    assert files_b() == before
+
+    # An empty output_dir branches off run A (as transformers does): A's history continues there, A is untouched.
+    metrics_a = (checkpoint_a.parent / METRICS_FILE).read_text()
+    branch = make(train_dataset, config_a.replace(output_dir=str(tmp_path / "c")))
+    branch.train(resume_from_checkpoint=str(checkpoint_a))
+    assert branch.step == 2 and [row["step"] for row in load_history(tmp_path / "c" / METRICS_FILE)] == [1, 2]
+    assert (checkpoint_a.parent / METRICS_FILE).read_text() == metrics_a
+
+
+# --- 2. checkpoints: a bad state falls back whole; LoRA settings are compared -----------------------------------
+def test_a_checkpoint_with_a_negative_step_falls_back_to_the_previous_one(train_dataset, small_config):
+    config = small_config.replace(save_total_limit=3)
+    saved_run(train_dataset, config, step=1)
+    broken = saved_run(train_dataset, config, step=2)
+    plain = json.loads((broken / HISTORY_FILE).read_text())
+    (broken / HISTORY_FILE).write_text(json.dumps({**plain, "step": -100}))
+    trainer = make(train_dataset, config.replace(max_steps=1))
+    with pytest.warns(UserWarning, match=r"skipped checkpoint-2: .*step -100 is negative"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.step == 1  # from checkpoint-1, already at max_steps: nothing more trained
+
+
+def test_lora_settings_are_part_of_the_resume_check(train_dataset, small_config):
+    config = small_config.replace(max_steps=1)
+    saved_run(train_dataset, config, step=1, peft_config=lora_config(r=4, lora_alpha=8))
+    with pytest.raises(CheckpointError, match=r"peft_config.lora_alpha: 8 -> 16.*--allow-config-change") as info:
+        make(train_dataset, config, lora_config(r=4, lora_alpha=16)).train(resume_from_checkpoint=True)
+    assert not isinstance(info.value, RunMismatchError)  # allowed with allow_config_change
+    allowed = make(train_dataset, config, lora_config(r=4, lora_alpha=16))
+    allowed.train(resume_from_checkpoint=True, allow_config_change=True)
+    assert allowed.step == 1
+
+    with pytest.raises(RunMismatchError, match=r"peft_config.r: 4 -> 8.*resume with the checkpoint's values"):
+        make(train_dataset, config, lora_config(r=8, lora_alpha=8)).train(resume_from_checkpoint=True)
+    with pytest.raises(RunMismatchError, match=r"written by a LoRA run.*pass the same peft_config.*keep them"):
+        make(train_dataset, config).train(resume_from_checkpoint=True)
+
+
+def test_a_full_run_resumed_with_a_peft_config_is_not_told_to_delete_its_checkpoints(train_dataset, small_config):
+    config = small_config.replace(max_steps=1)
+    saved_run(train_dataset, config, step=1)
+    with pytest.raises(RunMismatchError) as info:
+        make(train_dataset, config, lora_config()).train(resume_from_checkpoint=True)
+    message = str(info.value)
+    assert "full fine-tuning" in message and "leave out peft_config" in message and "keep them" in message
+    assert "overwrite_output_dir" not in message
+    assert (Path(config.output_dir) / "checkpoint-1").is_dir()
