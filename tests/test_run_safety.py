@@ -4,6 +4,7 @@ and a metrics.jsonl cut short by a killed run still reads. No test here trains: 
 resumes at once (the refusals come before the first step)."""
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,14 @@ def test_a_full_run_resumed_with_a_peft_config_is_not_told_to_delete_its_checkpo
     assert "full fine-tuning" in message and "leave out peft_config" in message and "keep them" in message
     assert "overwrite_output_dir" not in message
     assert (Path(config.output_dir) / "checkpoint-1").is_dir()
+
+
+# --- metrics.jsonl cut short by a killed run --------------------------------------------------------------------
+def test_a_metrics_file_cut_mid_line_reads_with_a_warning(tmp_path):
+    path = tmp_path / METRICS_FILE
+    path.write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.75}\n{"step": 3, "rew')
+    with pytest.warns(UserWarning, match=r"skipped line 3, cut short \(a run killed while writing it\)"):
+        assert load_history(path) == [{"step": 1, "reward": 0.5}, {"step": 2, "reward": 0.75}]
+    path.write_text('{"step": 1}\ngarbage\n{"step": 3}\n')  # damage before the end is not a killed run's
+    with pytest.raises(ValueError, match=r"line 2, is not JSON"), warnings.catch_warnings():
+        load_history(path)
