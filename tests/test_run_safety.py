@@ -7,12 +7,21 @@ import json
 import warnings
 from pathlib import Path
 
+import pandas
 import pytest
+from datasets import Dataset
 
+import minigrpo.__main__
+import minigrpo.models
+import minigrpo.rollout
+import minigrpo.trainer
 from minigrpo import GRPOTrainer, load_model_and_tokenizer
+from minigrpo.__main__ import main
 from minigrpo.course.plots import load_history
 from minigrpo.models import lora_config
 from minigrpo.run.checkpoints import HISTORY_FILE, LOCK_FILE, METRICS_FILE, CheckpointError, RunMismatchError
+from minigrpo.run.datasets import as_dataset
+from minigrpo.run.schedule import resolve_max_steps
 from minigrpo.tasks.arithmetic import correctness_reward
 
 
@@ -121,3 +130,90 @@ def test_a_metrics_file_cut_mid_line_reads_with_a_warning(tmp_path):
     path.write_text('{"step": 1}\ngarbage\n{"step": 3}\n')  # damage before the end is not a killed run's
     with pytest.raises(ValueError, match=r"line 2, is not JSON"), warnings.catch_warnings():
         load_history(path)
+
+
+# --- 3. datasets: TRL's forms accepted, anything else one clear error before the model loads ---------------------
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fails the test if the trainer loads a model: the checks must come first."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a model was loaded before the datasets were checked")
+
+    monkeypatch.setattr(minigrpo.trainer, "resolve_model_and_tokenizer", forbidden)
+    monkeypatch.setattr(minigrpo.models, "load_model_and_tokenizer", forbidden)
+
+
+@pytest.mark.parametrize(
+    "make_data, words",
+    [
+        (lambda rows: rows, "a list of rows, .*Dataset.from_list\\(rows\\)"),
+        (lambda rows: {"prompt": [r["prompt"] for r in rows]}, "a dict of columns, .*Dataset.from_dict\\(columns\\)"),
+        (lambda rows: pandas.DataFrame(rows), "a pandas DataFrame, .*Dataset.from_pandas\\(frame"),
+    ],
+)
+def test_a_dataset_in_another_form_is_one_error_saying_how_to_convert(no_model_load, small_config, make_data, words):
+    rows = [{"prompt": "What is 1 + 1?", "answer": "2"}] * 4
+    with pytest.raises(TypeError, match=f"train_dataset is {words}"):
+        GRPOTrainer("tiny", [correctness_reward], small_config, make_data(rows))
+
+
+def test_an_iterable_dataset_is_read_as_far_as_the_run_draws(train_dataset, small_config):
+    config = small_config.replace(max_steps=3)
+    rows = as_dataset(train_dataset.to_iterable_dataset(), "train_dataset", config)
+    assert rows["prompt"] == train_dataset[:12]["prompt"]  # 3 generations x 4 prompts, in order
+    evaluated = as_dataset(train_dataset.to_iterable_dataset(), "eval_dataset")
+    assert len(evaluated) == len(train_dataset)
+    with pytest.raises(ValueError, match="IterableDataset, which has no length.*give max_steps"):
+        as_dataset(train_dataset.to_iterable_dataset(), "train_dataset", config.replace(max_steps=-1))
+
+
+@pytest.mark.parametrize(
+    "prompts, words",
+    [
+        ([1, 7], "row 0: the prompt is 1 of type int"),
+        (["What is 1 + 1?", None], "row 1: the prompt is None of type NoneType"),
+        (["", "What is 1 + 1?"], "row 0: the prompt is an empty string"),
+    ],
+)
+def test_a_prompt_that_is_not_text_or_is_empty_names_its_row(tiny, small_config, prompts, words):
+    model, tokenizer = tiny
+    with pytest.raises(ValueError, match=f"train_dataset {words}"):
+        GRPOTrainer(model, [correctness_reward], small_config, Dataset.from_dict({"prompt": prompts}),
+                    processing_class=tokenizer)  # fmt: skip
+
+
+# --- 4. the command line: bad flags fail in one line before any model loads ---------------------------------------
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--seed", str(2**64)], "seed=18446744073709551616 (--seed) is out of range"),
+        (["--output-dir", ""], "output_dir='' (--output-dir) is empty"),
+        (["--logging-dir", "{file}/logs"], "--logging-dir {file}/logs lies inside the file"),
+        (["--eval-size", "100000000"], "--eval-size 100000000: accuracy needs"),
+        (["--prompts-per-step", "100000000"], "--prompts-per-step 100000000: a step draws from the 2000 training"),
+    ],
+)
+def test_bad_flags_are_refused_before_the_model_loads(no_model_load, capsys, tmp_path, flags, words):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    flags = [flag.format(file=file) for flag in flags]
+    assert main(["train", "--model", "tiny", "--output-dir", str(tmp_path / "run"), *flags]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and words.format(file=file) in err[0], err
+
+
+def test_max_steps_minus_one_is_accepted_and_an_absurd_epoch_count_is_refused(monkeypatch, small_config, tmp_path):
+    reached = []
+
+    def stop_at_load(name):
+        reached.append(name)
+        raise OSError("stop here")
+
+    monkeypatch.setattr(minigrpo.__main__, "load_checked", stop_at_load)
+    assert main(["train", "--model", "tiny", "--max-steps", "-1", "--output-dir", str(tmp_path / "run")]) == 2
+    assert reached == ["tiny"]  # the flags passed their checks
+    with pytest.raises(
+        ValueError, match=r"num_train_epochs=1e\+300 means .* lower num_train_epochs, or give max_steps"
+    ):
+        resolve_max_steps(small_config.replace(max_steps=-1, num_train_epochs=1e300), 256, 1)
