@@ -553,7 +553,7 @@ class Trainer(CheckpointMixin):
     def evaluate(self, eval_dataset=None) -> dict:
         """Greedy accuracy on the held-out set (eval_dataset, or the trainer's): TRL's eval_reward and
         eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model)."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        dataset = as_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError(
                 "evaluate() needs held-out prompts: pass eval_dataset= to the trainer or to evaluate(eval_dataset)."
