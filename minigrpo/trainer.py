@@ -260,6 +260,7 @@ class Trainer(CheckpointMixin):
                     f"{type(self).__name__} does not run under torchrun: only GRPOTrainer synchronises its update "
                     "over processes. Run it in one process (python, not torchrun)."
                 )
+            distributed.check_same_config(config)  # first: the checks below assume one config
             distributed.check_config(config)
         if config.dynamic_sampling:
             self._check_dynamic_sampling()
