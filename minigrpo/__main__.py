@@ -61,9 +61,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
 def check_model_name(name: str) -> str:
     """The name to load: "tiny", a Hub id, or an existing model folder (returned with ~ expanded).
 
-    How a Hub id is told from a path: what exists on disk is a path, and must hold a saved model (config.json
-    and tokenizer files); what does not exist is a Hub id if it looks like one ("name" or "org/name"), and a
-    missing folder otherwise (it starts with ".", "/" or "~", or has a backslash or more than one "/").
+    How a Hub id is told from a path: what exists on disk is a path, and must hold a saved model (config.json, or
+    a LoRA run's adapter_config.json, and tokenizer files); what does not exist is a Hub id if it looks like one
+    ("name" or "org/name"), and a missing folder otherwise (it starts with ".", "/" or "~", or has a backslash or
+    more than one "/").
     """
     if name == "tiny":
         return name
@@ -71,7 +72,11 @@ def check_model_name(name: str) -> str:
     if path.is_file():
         raise ValueError(f"--model {name} is a file: give the folder that holds config.json (from save_pretrained).")
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():  # a LoRA run's adapters: loaded on the base model they name
+            from minigrpo.models import adapter_base
+
+            adapter_base(path)  # a base that was moved, or a circle of adapter folders: the error says what to fix
+        elif not (path / "config.json").is_file():
             raise ValueError(
                 f"--model {name} is a folder without config.json, not a saved model: give the folder written by "
                 "save_pretrained (e.g. runs/minigrpo/final), 'tiny', or a Hub id."
@@ -196,7 +201,7 @@ def run_train(args: argparse.Namespace) -> None:
         check_positive("--max-steps", config.max_steps, "training needs at least one step (or -1: num_train_epochs)")
     check_eval_size(args.eval_size)
     check_positive(
-        "--prompts-per-step", config.prompts_per_step, f"a step draws from the {TRAIN_PROMPTS} training problems",
+        "--prompts-per-step", config.prompts_per_step, f"a step draws from the {TRAIN_PROMPTS:,} training problems",
         TRAIN_PROMPTS,
     )  # fmt: skip
     check_output_dir(config.output_dir)

@@ -4,11 +4,14 @@ and a metrics.jsonl cut short by a killed run still reads. No test here trains: 
 resumes at once (the refusals come before the first step)."""
 
 import json
+import shutil
+import time
 import warnings
 from pathlib import Path
 
 import pandas
 import pytest
+import torch
 from datasets import Dataset
 
 import minigrpo.__main__
@@ -18,7 +21,8 @@ import minigrpo.trainer
 from minigrpo import GRPOTrainer, load_model_and_tokenizer
 from minigrpo.__main__ import main
 from minigrpo.course.plots import load_history
-from minigrpo.models import lora_config
+from minigrpo.models import ADAPTER_CONFIG_FILE, add_adapters, lora_config, resolve_model_and_tokenizer
+from minigrpo.rollout import render_prompts
 from minigrpo.run.checkpoints import HISTORY_FILE, LOCK_FILE, METRICS_FILE, CheckpointError, RunMismatchError
 from minigrpo.run.datasets import as_dataset
 from minigrpo.run.schedule import resolve_max_steps
@@ -191,7 +195,7 @@ def test_a_prompt_that_is_not_text_or_is_empty_names_its_row(tiny, small_config,
         (["--output-dir", ""], "output_dir='' (--output-dir) is empty"),
         (["--logging-dir", "{file}/logs"], "--logging-dir {file}/logs lies inside the file"),
         (["--eval-size", "100000000"], "--eval-size 100000000: accuracy needs"),
-        (["--prompts-per-step", "100000000"], "--prompts-per-step 100000000: a step draws from the 2000 training"),
+        (["--prompts-per-step", "100000000"], "--prompts-per-step 100000000: a step draws from the 2,000 training"),
     ],
 )
 def test_bad_flags_are_refused_before_the_model_loads(no_model_load, capsys, tmp_path, flags, words):
@@ -217,3 +221,62 @@ def test_max_steps_minus_one_is_accepted_and_an_absurd_epoch_count_is_refused(mo
         ValueError, match=r"num_train_epochs=1e\+300 means .* lower num_train_epochs, or give max_steps"
     ):
         resolve_max_steps(small_config.replace(max_steps=-1, num_train_epochs=1e300), 256, 1)
+
+
+# --- 6. model folders -------------------------------------------------------------------------------------------
+@pytest.fixture
+def adapter_folder(tiny, tmp_path):
+    """A LoRA run's saved adapters on the bundled tiny Qwen, and a function that rewrites the base they name."""
+    model, tokenizer = tiny
+    folder = tmp_path / "final"
+    add_adapters(model, lora_config(r=2, lora_alpha=4)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    def name_base(base: str) -> Path:
+        config = json.loads((folder / ADAPTER_CONFIG_FILE).read_text())
+        (folder / ADAPTER_CONFIG_FILE).write_text(json.dumps({**config, "base_model_name_or_path": base}))
+        return folder
+
+    return folder, name_base
+
+
+def test_an_adapter_folder_naming_itself_or_a_circle_as_its_base_is_a_clear_error(adapter_folder, tmp_path):
+    folder, name_base = adapter_folder
+    name_base(str(folder))
+    with pytest.raises(ValueError, match=r"leads back to an adapter folder already on the way"):
+        load_model_and_tokenizer(str(folder), device="cpu")
+    other = tmp_path / "other"  # final -> other -> final
+    shutil.copytree(folder, other)
+    name_base(str(other))
+    with pytest.raises(ValueError, match=r"final -> .*other -> .*final"):
+        load_model_and_tokenizer(str(folder), device="cpu")
+
+
+def test_a_moved_base_model_names_the_path_to_fix_and_eval_takes_a_lora_folder(adapter_folder, tmp_path):
+    folder, name_base = adapter_folder
+    assert minigrpo.__main__.check_model_name(str(folder)) == str(folder)  # `eval --model <LoRA run>/final`
+    name_base(str(tmp_path / "moved-away" / "base"))
+    with pytest.raises(FileNotFoundError, match=r"names its base model .*moved-away/base .*was moved or deleted"):
+        load_model_and_tokenizer(str(folder), device="cpu")
+    assert main(["eval", "--model", str(folder)]) == 2  # one line, before anything loads
+
+
+def test_a_vocabulary_smaller_than_the_tokenizer_or_integer_weights_are_refused(tiny):
+    model, tokenizer = tiny
+    model.resize_token_embeddings(len(tokenizer) - 3)
+    with pytest.raises(ValueError, match=f"Qwen2ForCausalLM: the model's vocabulary has {len(tokenizer) - 3} tokens"):
+        resolve_model_and_tokenizer(model, tokenizer)
+    model.resize_token_embeddings(len(tokenizer))
+    model.model.norm.weight = torch.nn.Parameter(torch.ones(64, dtype=torch.int64), requires_grad=False)
+    with pytest.raises(ValueError, match=r"1 weight\(s\) are of type torch.int64 \(e.g. model.norm.weight\)"):
+        resolve_model_and_tokenizer(model, tokenizer)
+
+
+def test_a_chat_template_that_loops_for_hours_is_stopped(tiny, monkeypatch):
+    _, tokenizer = tiny
+    tokenizer.chat_template = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    monkeypatch.setattr(minigrpo.rollout, "CHAT_TEMPLATE_SECONDS", 0.2)
+    started = time.perf_counter()
+    with pytest.raises(TimeoutError, match=r"chat template took more than 0.2 s to render prompt 0"):
+        render_prompts(tokenizer, [[{"role": "user", "content": "What is 1 + 1?"}]])
+    assert time.perf_counter() - started < 5
