@@ -30,6 +30,7 @@ from minigrpo.run.checkpoints import CheckpointError
 from minigrpo.run.distributed import RankFailedError
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
+MAX_EVAL_SIZE = 10_000  # the held-out half of the problems with operands 0..99 holds fewer distinct ones
 EXIT_USAGE = 2  # the exit status of a command-line mistake, as argparse uses
 # A Hub id: "name" or "org/name" (letters, digits, "-", "_", "."). Anything else that is not on disk is a path.
 _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -60,9 +61,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
 def check_model_name(name: str) -> str:
     """The name to load: "tiny", a Hub id, or an existing model folder (returned with ~ expanded).
 
-    How a Hub id is told from a path: what exists on disk is a path, and must hold a saved model (config.json
-    and tokenizer files); what does not exist is a Hub id if it looks like one ("name" or "org/name"), and a
-    missing folder otherwise (it starts with ".", "/" or "~", or has a backslash or more than one "/").
+    How a Hub id is told from a path: what exists on disk is a path, and must hold a saved model (config.json, or
+    a LoRA run's adapter_config.json, and tokenizer files); what does not exist is a Hub id if it looks like one
+    ("name" or "org/name"), and a missing folder otherwise (it starts with ".", "/" or "~", or has a backslash or
+    more than one "/").
     """
     if name == "tiny":
         return name
@@ -70,7 +72,11 @@ def check_model_name(name: str) -> str:
     if path.is_file():
         raise ValueError(f"--model {name} is a file: give the folder that holds config.json (from save_pretrained).")
     if path.is_dir():
-        if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():  # a LoRA run's adapters: loaded on the base model they name
+            from minigrpo.models import adapter_base
+
+            adapter_base(path)  # a base that was moved, or a circle of adapter folders: the error says what to fix
+        elif not (path / "config.json").is_file():
             raise ValueError(
                 f"--model {name} is a folder without config.json, not a saved model: give the folder written by "
                 "save_pretrained (e.g. runs/minigrpo/final), 'tiny', or a Hub id."
@@ -89,23 +95,35 @@ def check_model_name(name: str) -> str:
     )
 
 
-def check_output_dir(output_dir: str) -> None:
-    """Fail now, not after the first training steps, when `output_dir` is a file or cannot be created or written."""
+def check_output_dir(output_dir: str, flag: str = "--output-dir") -> None:
+    """Fail now, not after the first training steps, when `output_dir` is empty (the current folder), a file, or
+    cannot be created or written. flag: the option it came from (--output-dir, --logging-dir)."""
+    if not output_dir.strip():
+        raise ValueError(f"{flag} is empty, which means the current folder: give a folder (it is created if missing).")
     path = Path(output_dir).expanduser()
     if path.exists() and not path.is_dir():
-        raise ValueError(f"--output-dir {output_dir} is a file: give a folder (it is created if missing).")
+        raise ValueError(f"{flag} {output_dir} is a file: give a folder (it is created if missing).")
     existing = next(p for p in (path, *path.parents) if p.exists())  # the folder it would be created in
     if not existing.is_dir():
-        raise ValueError(f"--output-dir {output_dir} lies inside the file {existing}: give a folder path.")
+        raise ValueError(f"{flag} {output_dir} lies inside the file {existing}: give a folder path.")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(
-            f"--output-dir {output_dir} is not writable (no write permission on {existing}): choose another folder."
+            f"{flag} {output_dir} is not writable (no write permission on {existing}): choose another folder."
         )
 
 
-def check_positive(flag: str, value: int, what: str) -> None:
-    if value < 1:
-        raise ValueError(f"{flag} {value}: {what}; give 1 or more.")
+def check_positive(flag: str, value: int, what: str, most: int | None = None) -> None:
+    """value must be 1 or more (and at most `most`, with the reason in `what`)."""
+    if value < 1 or (most is not None and value > most):
+        allowed = "1 or more" if most is None else f"1 to {most:,}"
+        raise ValueError(f"{flag} {value}: {what}; give {allowed}.")
+
+
+def check_eval_size(eval_size: int) -> None:
+    check_positive(
+        "--eval-size", eval_size, "accuracy needs at least one held-out problem, and more than "
+        f"{MAX_EVAL_SIZE:,} only repeats problems (greedy decoding scores a repeat the same)", MAX_EVAL_SIZE,
+    )  # fmt: skip
 
 
 def load_checked(model_name: str):
@@ -179,9 +197,16 @@ def run_train(args: argparse.Namespace) -> None:
     model_name = check_model_name(args.model or default_model_name())
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     config = make_config(model_name, {k: v for k, v in vars(args).items() if k in fields})
-    check_positive("--max-steps", config.max_steps, "training needs at least one step")
-    check_positive("--eval-size", args.eval_size, "accuracy needs at least one held-out problem")
+    if config.max_steps != -1:  # -1: num_train_epochs passes over the prompts, as in the API and TRL
+        check_positive("--max-steps", config.max_steps, "training needs at least one step (or -1: num_train_epochs)")
+    check_eval_size(args.eval_size)
+    check_positive(
+        "--prompts-per-step", config.prompts_per_step, f"a step draws from the {TRAIN_PROMPTS:,} training problems",
+        TRAIN_PROMPTS,
+    )  # fmt: skip
     check_output_dir(config.output_dir)
+    if config.logging_dir is not None:
+        check_output_dir(config.logging_dir, "--logging-dir")
     distributed.init_from_environment()  # under torchrun: join the process group (and pick this rank's GPU)
     say = print if distributed.is_main_process() else lambda *_: None  # one copy of each line, from rank 0
     model, tokenizer = load_checked(model_name)
@@ -190,7 +215,8 @@ def run_train(args: argparse.Namespace) -> None:
     reward_funcs = [correctness_reward, format_reward]  # the first one is eval_accuracy
     processes = f" on {distributed.world_size()} processes" if distributed.is_distributed() else ""
     say(
-        f"model {model_name} on {next(model.parameters()).device}{processes}; {config.max_steps} steps of "
+        f"model {model_name} on {next(model.parameters()).device}{processes}; "
+        f"{config.max_steps if config.max_steps > 0 else f'{config.num_train_epochs:g} epochs of'} steps of "
         f"{config.prompts_per_step} prompts x G={config.num_generations}; output in {config.output_dir}"
     )
     before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
@@ -214,7 +240,7 @@ def run_eval(args: argparse.Namespace) -> None:
     from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 
     model_name = check_model_name(args.model)
-    check_positive("--eval-size", args.eval_size, "accuracy needs at least one held-out problem")
+    check_eval_size(args.eval_size)
     model, tokenizer = load_checked(model_name)
     config = GRPOConfig(max_prompt_length=256, max_completion_length=128, eval_batch_size=128)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=args.seed)

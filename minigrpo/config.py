@@ -343,6 +343,16 @@ class GRPOConfig:
             raise ValueError(f"num_train_epochs={self.num_train_epochs}: it must be > 0 (or set max_steps).")
         if self.logging_steps < 1:
             raise ValueError(f"logging_steps={self.logging_steps}: log every 1 or more steps.")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(
+                f"seed={self.seed} (--seed) is out of range: give an integer in 0..{2**32 - 1} (numpy, which TRL "
+                "seeds too, takes no other; the prompt order and the sampling seeds are derived from it)."
+            )
+        if not self.output_dir.strip():
+            raise ValueError(
+                f"output_dir={self.output_dir!r} (--output-dir) is empty, which would write checkpoints into the "
+                "current folder: give a folder, e.g. output_dir='runs/minigrpo'."
+            )
         _check_choice("eval_strategy", self.eval_strategy, ("no", "steps"))
         _check_choice("save_strategy", self.save_strategy, ("no", "steps"))
         check_trl_switches(self)
@@ -514,7 +524,8 @@ DIFFERING_DEFAULTS = {
     "output_dir": "'runs/minigrpo': TRL 1.16's default (None) names a folder after the model",
 }
 """Fields whose default is minigrpo's own, not TRL's, with the reason: none changes what a run computes except seed
-(which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32). Lesson 08 (section 3) prints this table."""
+(which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32). Lesson 08 (section 3) prints this
+table."""
 
 # DeepSeekMath's GRPO, each value with its source (Shao et al., 2024, arXiv 2402.03300: section 4.1.1 "Group Relative
 # Policy Optimization" (eq. 3, 4), section 4.2 "Training and Evaluating DeepSeekMath-RL", section 5.2.2).

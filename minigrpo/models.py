@@ -172,7 +172,31 @@ def load_model_and_tokenizer(
         return load_4bit(path, device), tokenizer
     kwargs = {"dtype": torch.float32, **init_kwargs(model_init_kwargs), "trust_remote_code": False}
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    check_model_and_tokenizer(model, tokenizer, path)
     return model.to(device), tokenizer
+
+
+def check_model_and_tokenizer(model: PreTrainedModel, tokenizer, where: str) -> None:
+    """Fail at once, naming `where` (the folder or name), for a model that cannot be trained with `tokenizer`:
+    weights that are not floating point (integers cannot be updated by gradients, and the forward pass would
+    silently compute in integers or fail deep inside), or a vocabulary smaller than the tokenizer's (a token id
+    >= V indexes past the embedding: an assertion deep in torch). 4-bit and 8-bit models store integers on
+    purpose and are exempt."""
+    quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+    integer = [name for name, p in model.named_parameters() if not p.is_floating_point()]
+    if integer and not quantized:
+        dtype = dict(model.named_parameters())[integer[0]].dtype
+        raise ValueError(
+            f"{where}: {len(integer)} weight(s) are of type {dtype} (e.g. {integer[0]}), not floating point: "
+            "they cannot be trained or run in fp32. Save the model with float weights (model.float())."
+        )
+    vocabulary = model.get_input_embeddings().num_embeddings
+    if vocabulary < len(tokenizer):
+        raise ValueError(
+            f"{where}: the model's vocabulary has {vocabulary} tokens but the tokenizer has {len(tokenizer)}, so a "
+            "token id past the embedding would crash the forward pass. Use the tokenizer saved with this model, "
+            "or call model.resize_token_embeddings(len(tokenizer)) before training."
+        )
 
 
 def init_kwargs(model_init_kwargs: dict | None) -> dict:
@@ -194,19 +218,50 @@ def init_kwargs(model_init_kwargs: dict | None) -> dict:
 
 def load_adapters_and_tokenizer(folder: str, device: torch.device, load_in_4bit: bool = False):
     """A folder of LoRA adapters -> (PeftModel on its base model, tokenizer). The base is the model that
-    adapter_config.json names (base_model_name_or_path); the tokenizer is the folder's own when it has one."""
-    from peft import PeftConfig, PeftModel
+    adapter_config.json names (base_model_name_or_path); the tokenizer is the folder's own when it has one.
+    A base that is itself an adapter folder is followed (adapters on adapters), never in a circle."""
+    from peft import PeftModel
 
-    base_name = PeftConfig.from_pretrained(folder).base_model_name_or_path
-    if not base_name:
-        raise ValueError(
-            f"{folder}/{ADAPTER_CONFIG_FILE} names no base model (base_model_name_or_path is empty): set it to "
-            "the Hub id or folder of the model the adapters were trained on."
-        )
+    base_name = adapter_base(folder)
     base, tokenizer = load_model_and_tokenizer(base_name, device, load_in_4bit)
     if (Path(folder) / "tokenizer_config.json").exists():
         tokenizer = load_tokenizer(folder)
     return PeftModel.from_pretrained(base, folder, is_trainable=True), tokenizer
+
+
+def adapter_base(folder: str | Path) -> str:
+    """The base model an adapter folder names (base_model_name_or_path in adapter_config.json), checked: named at
+    all; a folder that still exists where it was recorded (a moved base model gives the path to fix); and not the
+    folder itself or a chain of adapter folders that comes back to it (which would recurse without end)."""
+    from peft import PeftConfig
+
+    seen, current, direct_base = [], Path(folder), None
+    while True:
+        seen.append(current.expanduser().resolve())
+        base = PeftConfig.from_pretrained(str(current)).base_model_name_or_path
+        where = f"{current / ADAPTER_CONFIG_FILE}"
+        if not base:
+            raise ValueError(
+                f"{where} names no base model (base_model_name_or_path is empty): set it to the Hub id or folder "
+                "of the model the adapters were trained on."
+            )
+        looks_like_path = base.startswith(("/", ".", "~")) or "\\" in base or base.count("/") > 1
+        if base != "tiny" and looks_like_path and not Path(base).expanduser().exists():
+            raise FileNotFoundError(
+                f"{where} names its base model {base} (base_model_name_or_path), which does not exist: the base "
+                f"model was moved or deleted. Set base_model_name_or_path in {where} to the base model's folder "
+                "now, or its Hub id."
+            )
+        direct_base = direct_base or base
+        if not (Path(base).expanduser() / ADAPTER_CONFIG_FILE).exists():
+            return direct_base
+        if Path(base).expanduser().resolve() in seen:
+            chain = " -> ".join(str(p) for p in [*seen, Path(base).expanduser().resolve()])
+            raise ValueError(
+                f"{where} names {base} as its base model, which leads back to an adapter folder already on the way "
+                f"({chain}): set base_model_name_or_path to the model the adapters were trained on."
+            )
+        current = Path(base)
 
 
 def load_4bit(path: str, device: torch.device) -> PreTrainedModel:
@@ -405,9 +460,12 @@ def resolve_model_and_tokenizer(
             "quantization_config applies when the model is given by name: pass the name (or folder) as model, "
             "or load the model in 4-bit yourself (load_model_and_tokenizer(name, load_in_4bit=True))."
         )
-    if processing_class is not None:
-        return model, processing_class
-    name = getattr(model, "name_or_path", "")
-    if not name:
-        raise ValueError("processing_class is None and the model has no name_or_path: pass processing_class=tokenizer.")
-    return model, load_tokenizer(name)
+    if processing_class is None:
+        name = getattr(model, "name_or_path", "")
+        if not name:
+            raise ValueError(
+                "processing_class is None and the model has no name_or_path: pass processing_class=tokenizer."
+            )
+        processing_class = load_tokenizer(name)
+    check_model_and_tokenizer(model, processing_class, f"model {type(model).__name__}")
+    return model, processing_class

@@ -20,6 +20,9 @@ torch.manual_seed(s) before a call still makes it reproducible.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -89,12 +92,47 @@ def repeat_for_group(items: list, num_generations: int) -> list:
     return [item for item in items for _ in range(num_generations)]
 
 
+CHAT_TEMPLATE_SECONDS = 10.0
+"""The longest one prompt's chat template may take to render (a real template takes milliseconds)."""
+
+
 def render_prompts(tokenizer, prompts: list) -> list[str]:
-    """Chat messages -> text through the tokenizer's chat template; plain strings pass through."""
-    return [
-        p if isinstance(p, str) else tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-        for p in prompts
-    ]
+    """Chat messages -> text through the tokenizer's chat template; plain strings pass through.
+
+    A chat template is a program that comes with the model folder (Jinja, sandboxed by transformers: no file or
+    code access, range() capped at 100,000), but nested loops can still run for hours: each prompt's rendering is
+    bounded by CHAT_TEMPLATE_SECONDS, after which TimeoutError names the template and the prompt."""
+    texts = []
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, str):
+            texts.append(prompt)
+            continue
+        with time_limit(CHAT_TEMPLATE_SECONDS, f"prompt {index}"):
+            texts.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+    return texts
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str):
+    """Raise TimeoutError if the block runs longer than `seconds` (a SIGALRM timer; only the main thread of a
+    POSIX process can set one, so elsewhere, as on Windows, the block runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(
+            f"the tokenizer's chat template took more than {seconds:g} s to render {what}: it loops too long. "
+            "Fix tokenizer.chat_template (or use the model's original tokenizer)."
+        )
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def tokenize_prompts(

@@ -125,7 +125,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             f"{path} was written by minigrpo 0.1 with the old character-level tiny tokenizer, which no other tool "
             "reads correctly: train it again from the bundled tiny model (python -m minigrpo train)."
         )
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)  # never code from the folder
 
 
 # --- Qwen2.5's real tokenizer, built offline ------------------------------------------------

@@ -45,6 +45,7 @@ from minigrpo.rollout import Rollout, completion_logps, render_prompts, repeat_f
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.callbacks import CallbackHandler
 from minigrpo.run.checkpoints import METRICS_FILE
+from minigrpo.run.datasets import as_dataset, check_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
@@ -155,6 +156,11 @@ class Trainer(CheckpointMixin):
     ):
         self.config = args if args is not None else self.config_class()
         check_trl_keywords(optimizers, quantization_config)
+        if train_dataset is None:
+            raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
+        # before the model loads: a list or a DataFrame is refused, an IterableDataset read into a Dataset
+        train_dataset = as_dataset(train_dataset, "train_dataset", self.config)
+        eval_dataset = as_dataset(eval_dataset, "eval_dataset")
         distributed.init_from_environment()  # under torchrun: join the process group (before loading a model)
         self.model, self.tokenizer = resolve_model_and_tokenizer(
             model, processing_class, self.config.model_init_kwargs, quantization_config
@@ -166,8 +172,6 @@ class Trainer(CheckpointMixin):
         self.model = distributed.local_device(self.model)
         self.device = next(self.model.parameters()).device
         self.reward_funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, self.device)
-        if train_dataset is None:
-            raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._check_inputs()
         check_bf16_request(self.device, self.config.bf16)
@@ -256,6 +260,7 @@ class Trainer(CheckpointMixin):
                     f"{type(self).__name__} does not run under torchrun: only GRPOTrainer synchronises its update "
                     "over processes. Run it in one process (python, not torchrun)."
                 )
+            distributed.check_same_config(config)  # first: the checks below assume one config
             distributed.check_config(config)
         if config.dynamic_sampling:
             self._check_dynamic_sampling()
@@ -274,7 +279,13 @@ class Trainer(CheckpointMixin):
                 )
             if len(dataset) == 0:
                 raise ValueError(f"{name} is empty: give it at least one prompt.")
-            longest = max(len(ids) for ids in self._prompt_token_ids(dataset["prompt"]))
+            check_prompts(dataset["prompt"], name)
+            lengths = [len(ids) for ids in self._prompt_token_ids(dataset["prompt"])]
+            if 0 in lengths:  # a prompt that renders to nothing leaves the model no token to condition on
+                raise ValueError(
+                    f"{name} row {lengths.index(0)}: the prompt renders to no tokens: give it some text, or drop it."
+                )
+            longest = max(lengths)
             if config.max_prompt_length is not None and longest > config.max_prompt_length:
                 raise ValueError(
                     f"the longest prompt in {name} is {longest} tokens but max_prompt_length="
@@ -543,7 +554,7 @@ class Trainer(CheckpointMixin):
     def evaluate(self, eval_dataset=None) -> dict:
         """Greedy accuracy on the held-out set (eval_dataset, or the trainer's): TRL's eval_reward and
         eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model)."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        dataset = as_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError(
                 "evaluate() needs held-out prompts: pass eval_dataset= to the trainer or to evaluate(eval_dataset)."

@@ -5,7 +5,8 @@
 RUNS_JSON is a list of runs, done one after the other in the same process group:
 {"name": ..., "config": {GRPOConfig overrides}, "resume": bool, "fail_on_rank": r}. Every rank writes each run's
 final weights (full tensors) and metric history to OUT_DIR/<name>.rank<r>.pt. "fail_on_rank": the reward function raises
-on that rank at step 2.
+on that rank at step 2. "config_by_rank": {"r": overrides for rank r only}; with "expect_error", the ValueError the
+trainer raises is written instead ({"error": message}) and the next run goes on.
 """
 
 import json
@@ -57,10 +58,17 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def run(out_dir: Path, spec: dict) -> None:
     model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
-    config = small_config(out_dir / spec["name"], **spec.get("config", {}))
+    overrides = {**spec.get("config", {}), **spec.get("config_by_rank", {}).get(str(distributed.rank()), {})}
+    config = small_config(out_dir / spec["name"], **overrides)
     reward = failing_reward(spec["fail_on_rank"]) if "fail_on_rank" in spec else correctness_reward
     dataset = make_arithmetic_dataset(n=64, split="train", seed=1)
-    trainer = GRPOTrainer(model, [reward], config, dataset, processing_class=tokenizer)
+    try:
+        trainer = GRPOTrainer(model, [reward], config, dataset, processing_class=tokenizer)
+    except ValueError as error:  # "expect_error": the refusal is the result, and the launch goes on
+        if not spec.get("expect_error"):
+            raise
+        torch.save({"error": str(error)}, out_dir / f"{spec['name']}.rank{distributed.rank()}.pt")
+        return
     trainer.train(resume_from_checkpoint=spec.get("resume", False))
     history = trainer.state.log_history
     torch.save(

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -325,3 +326,55 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     with output_dir_lock(tmp_path):
         assert (tmp_path / checkpoints.LOCK_FILE).read_text() == f"{os.getpid()}\n"
     assert time.perf_counter() - started < 5
+
+
+def _damage_state_file(path, change):
+    tensors = torch.load(path / STATE_FILE, weights_only=True)
+    change(tensors)
+    torch.save(tensors, path / STATE_FILE)
+
+
+def _damage_json(path, change):
+    plain = json.loads((path / HISTORY_FILE).read_text())
+    change(plain)
+    (path / HISTORY_FILE).write_text(json.dumps(plain))
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda p: _damage_json(p, lambda s: s.update(step=-100)), "step -100 is negative"),
+        (lambda p: _damage_json(p, lambda s: s.update(sampler={"epoch": 0, "position": -5})), "position is -5"),
+        (lambda p: _damage_json(p, lambda s: s.update(rng_python=[3, [1, 2], None])), "generator's state is malformed"),
+        (lambda p: _damage_state_file(p, lambda t: t.update(rng_torch=torch.zeros(7))), "state is malformed"),
+        (lambda p: _damage_state_file(p, lambda t: t["scheduler"].update(last_epoch=-1)), "last_epoch is -1"),
+        (
+            lambda p: _damage_state_file(p, lambda t: t["optimizer"]["state"][0].update(exp_avg=torch.zeros(5))),
+            "of shape (5,)",
+        ),  # fmt: skip
+        (lambda p: _damage_state_file(p, lambda t: t["optimizer"].update(param_groups=[])), "0 parameter groups"),
+        (lambda p: (p / ARGS_FILE).write_text("[1, 2]"), "training_args.json is not a dict"),
+    ],
+)
+def test_a_state_that_cannot_be_applied_is_refused_before_anything_changes(tmp_path, damage, words):
+    """Each part is checked before any is applied (weights and optimizer loaded, then a crash, was the old way)."""
+    modules, optimizer, scheduler = trained_state(seed=0)  # one optimizer step: the scheduler's last_epoch is 1
+    save(tmp_path, 1, modules, optimizer, scheduler)
+    broken = save(tmp_path, 2, modules, optimizer, scheduler)
+    damage(broken)
+    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=1)
+    before = str(fresh_optimizer.state_dict()), [p.detach().clone() for p in fresh["model"].parameters()]
+    with pytest.raises(CheckpointError, match=re.escape(words)):
+        load_checkpoint(broken, fresh, fresh_optimizer, fresh_scheduler)
+    assert str(fresh_optimizer.state_dict()) == before[0]
+    assert all(torch.equal(a, b) for a, b in zip(before[1], fresh["model"].parameters(), strict=True))
+    path, state, problems = find_resumable(tmp_path, fresh, fresh_optimizer, fresh_scheduler)
+    assert path.name == "checkpoint-1" and problems[0].startswith("skipped checkpoint-2:") and words in problems[0]
+
+
+def test_a_newer_checkpoint_format_is_called_newer(tmp_path):
+    modules, optimizer, scheduler = trained_state(seed=0)
+    path = save(tmp_path, 2, modules, optimizer, scheduler)
+    _damage_json(path, lambda s: s.update(format=checkpoints.FORMAT + 1))
+    with pytest.raises(CheckpointError, match=r"written by a newer minigrpo \(checkpoint format 3; .*upgrade minigrpo"):
+        read_checkpoint(path, modules)

@@ -65,6 +65,7 @@ def two_processes(tmp_path_factory):
         {"name": "fsdp", "config": {"fsdp": True}},
         {"name": "fsdp-resume", "config": {"fsdp": True, "max_steps": 2}},
         {"name": "fsdp-resume", "config": {"fsdp": True}, "resume": True},
+        {"name": "mismatch", "config_by_rank": {"1": {"max_steps": 5, "learning_rate": 1e-4}}, "expect_error": True},
         {"name": "fail", "fail_on_rank": 1},  # last: it ends the launch
     ]
     return launch(2, tmp_path_factory.mktemp("k2"), runs)
@@ -134,6 +135,14 @@ def test_a_rank_that_raises_stops_every_rank_with_its_error(two_processes):
 
 
 # --- the pieces, in one process ------------------------------------------------------------------
+def test_ranks_started_with_different_configs_all_stop_with_one_clear_error(two_processes):
+    """Not gloo's "Connection closed by peer" (another max_steps) or diverging replicas (another learning rate)."""
+    errors = [result(two_processes, "mismatch", rank)["error"] for rank in (0, 1)]
+    assert errors[0] == errors[1]
+    assert "the 2 processes were started with different settings" in errors[0]
+    assert "learning_rate: rank 0 0.0003, rank 1 0.0001" in errors[0] and "max_steps: rank 0 3, rank 1 5" in errors[0]
+
+
 def test_group_seeded_sampling_does_not_depend_on_the_other_groups_in_the_batch():
     model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
     config = GRPOConfig.tiny_cpu(num_generations=4, per_device_train_batch_size=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -44,11 +45,28 @@ ALGORITHM_COLORS = {"grpo": "tab:blue", "ppo": "tab:orange"}
 
 # --- training curves ----------------------------------------------------------------
 def load_history(history: Sequence[dict] | str | Path) -> list[dict]:
-    """A metric history: a list of dicts (trainer.state.log_history) or the path of a metrics.jsonl."""
-    if isinstance(history, str | Path):
-        lines = Path(history).read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-    return list(history)
+    """A metric history: a list of dicts (trainer.state.log_history) or the path of a metrics.jsonl.
+
+    A run killed while writing leaves its last line cut short: that line is skipped, with a warning that says
+    so. A bad line anywhere else is not a killed run's: ValueError naming the file and the line."""
+    if not isinstance(history, str | Path):
+        return list(history)
+    lines = [(number, line) for number, line in enumerate(Path(history).read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for number, line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number != lines[-1][0]:
+                raise ValueError(
+                    f"{history}, line {number}, is not JSON ({error.msg}): the file is damaged."
+                ) from error
+            warnings.warn(
+                f"{history}: skipped line {number}, cut short (a run killed while writing it); "
+                f"the {len(rows)} lines before it are read.",
+                stacklevel=2,
+            )
+    return rows
 
 
 def metric_series(history: Sequence[dict], key: str) -> tuple[list[float], list[float]]:

@@ -71,6 +71,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint or output folder that cannot be used as asked (broken, unsafe, another run's, in use)."""
 
 
+class RunMismatchError(CheckpointError):
+    """A sound checkpoint of another kind of run (a full run's for a LoRA trainer, another LoRA rank): nothing is
+    wrong with it, so a resume does not fall back past it."""
+
+
 # --- random generators ----------------------------------------------------------------
 def rng_state() -> dict:
     """Python's and torch's generators (and CUDA's when there is a GPU), as set_rng_state takes them."""
@@ -126,14 +131,63 @@ def model_id(model: torch.nn.Module) -> str:
     return name
 
 
+def peft_args(model: torch.nn.Module) -> dict | None:
+    """A LoRA policy's adapter settings (PEFT's LoraConfig fields that define the run), or None for a full run."""
+    if not is_peft_model(model):
+        return None
+    lora = model.peft_config[model.active_adapter]
+    modules = lora.target_modules
+    return {
+        "r": lora.r,
+        "lora_alpha": lora.lora_alpha,
+        "target_modules": sorted(modules) if isinstance(modules, list | set | tuple) else modules,
+        "lora_dropout": lora.lora_dropout,
+        "use_rslora": getattr(lora, "use_rslora", False),
+    }
+
+
+PEFT_SHAPE_FIELDS = ("r", "target_modules")
+"""LoRA settings that decide the adapters' shapes: a checkpoint cannot be resumed with others, even allowed."""
+
+
 def run_args(config: GRPOConfig, model: torch.nn.Module, reward_func_names: list[str]) -> dict:
-    """What training_args.json records: the config (every field), its class, the model and the reward functions."""
+    """What training_args.json records: the config (every field), its class, the model, the reward functions and
+    the LoRA settings (peft_config; None for a full run)."""
     return {
         "config_class": type(config).__name__,
         "config": dataclasses.asdict(config),
         "model": model_id(model),
         "reward_funcs": list(reward_func_names),
+        "peft_config": peft_args(model),
     }
+
+
+def check_same_kind_of_run(path: Path, args: dict, model: torch.nn.Module) -> None:
+    """Refuse (RunMismatchError) a checkpoint of a full run for a LoRA trainer or the other way round, or one
+    whose adapters have other shapes (another r or target_modules): its weights cannot be loaded, however sound.
+    A checkpoint without a record of its peft_config (before 0.3) is told by its adapter file."""
+    saved_lora = (path / ADAPTER_FILE).exists()
+    if saved_lora != is_peft_model(model):
+        kinds = ("a LoRA run (adapters only)", "full fine-tuning")
+        saved_kind, current_kind = (kinds[0], kinds[1]) if saved_lora else (kinds[1], kinds[0])
+        fix = "pass the same peft_config" if saved_lora else "leave out peft_config"
+        raise RunMismatchError(
+            f"{path} was written by {saved_kind}, and this trainer does {current_kind}: to resume it, {fix}; "
+            "to start the other kind of run, give it another output_dir. The checkpoints are sound: keep them."
+        )
+    saved, current = args.get("peft_config") if isinstance(args, dict) else None, peft_args(model)
+    if saved and current:
+        changed = [
+            f"peft_config.{k}: {saved.get(k)!r} -> {current[k]!r}"
+            for k in PEFT_SHAPE_FIELDS
+            if saved.get(k) != current[k]
+        ]
+        if changed:
+            raise RunMismatchError(
+                f"{path} holds adapters of other shapes ({'; '.join(changed)}): LoRA's r and target_modules "
+                "decide the adapters' shapes, so resume with the checkpoint's values, or start a run with the new "
+                "ones in another output_dir."
+            )
 
 
 def changed_run_fields(saved: dict, current: dict) -> list[str]:
@@ -148,6 +202,13 @@ def changed_run_fields(saved: dict, current: dict) -> list[str]:
         for key in ("config_class", "model", "reward_funcs")
         if key in saved and saved[key] != current[key]
     ]
+    old_peft, new_peft = saved.get("peft_config"), current.get("peft_config")
+    if old_peft and new_peft:  # whether LoRA is on at all, r and target_modules: check_same_kind_of_run
+        changes += [
+            f"peft_config.{name}: {old_peft[name]!r} -> {new_peft[name]!r}"
+            for name in sorted(old_peft.keys() & new_peft.keys())
+            if old_peft[name] != new_peft[name]
+        ]
     old, new = saved.get("config", {}), current["config"]
     free = set(RESUME_FREE_FIELDS)
     if "linear" in (old.get("lr_scheduler_type"), new.get("lr_scheduler_type")):
@@ -344,19 +405,33 @@ def save_checkpoint(
 
 
 # --- read, check, then load -------------------------------------------------------------------
-def read_checkpoint(path: str | Path, modules: dict[str, torch.nn.Module]) -> dict:
-    """Every file of a checkpoint-N folder, read and checked, without changing anything.
+def read_checkpoint(
+    path: str | Path,
+    modules: dict[str, torch.nn.Module],
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> dict:
+    """Every file of a checkpoint-N folder, read and checked whole, without changing anything.
 
     Returns {"step", "weights" ({module name: state dict}), "optimizer", "scheduler", "sampler", "rng" (for
     set_rng_state), "history", "args" (run_args() of the run that wrote it)}. Raises CheckpointError naming
-    the file and what is wrong: missing, truncated, garbage, written by an older minigrpo, or holding objects
-    that would need unpickling (a crafted file: it is refused, never executed).
+    the file and what is wrong: missing, truncated, garbage, written by an older or newer minigrpo, holding
+    objects that would need unpickling (a crafted file: it is refused, never executed), or entries that could
+    not be applied (check_state: RNG states, step and sampler position, and, when given, the optimizer's and
+    scheduler's states against `optimizer` and `scheduler`). A checkpoint of another kind of run (LoRA
+    versus full, another LoRA rank) raises RunMismatchError.
     """
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise CheckpointError(f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder.")
     plain, args = _read_json(path / HISTORY_FILE), _read_json(path / ARGS_FILE, missing_ok=True)
-    if not isinstance(plain, dict) or plain.get("format") != FORMAT or args is None:
+    saved_format = plain.get("format") if isinstance(plain, dict) else None
+    if isinstance(saved_format, int) and saved_format > FORMAT:
+        raise CheckpointError(
+            f"{path} was written by a newer minigrpo (checkpoint format {saved_format}; this one reads format "
+            f"{FORMAT}): upgrade minigrpo (pip install -U minigrpo) to resume it."
+        )
+    if not isinstance(plain, dict) or saved_format != FORMAT or args is None:
         raise CheckpointError(
             f"{path} was written by an older minigrpo (checkpoint format 1, no {ARGS_FILE}) and cannot be resumed "
             f"by this one. Start a new run from its weights instead: GRPOTrainer(model='{path}', ...) with "
@@ -378,10 +453,77 @@ def read_checkpoint(path: str | Path, modules: dict[str, torch.nn.Module]) -> di
         state["history"] = _history_from_json(plain["history"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CheckpointError(f"{path} lacks or garbles an entry of its state ({_one_line(error)})") from error
+    check_same_kind_of_run(path, args, modules["model"])
+    problem = check_state(state, optimizer, scheduler)
+    if problem:
+        raise CheckpointError(f"{path} holds a state that cannot be applied: {problem}")
     state["weights"] = {
         name: read_module_state(module, path if name == "model" else path / name) for name, module in modules.items()
     }
     return state
+
+
+def check_state(state: dict, optimizer=None, scheduler=None) -> str | None:
+    """What in read_checkpoint's `state` could not be applied, or None: each part is checked before any is
+    applied, so a bad checkpoint changes nothing and the resume falls back to the previous one.
+
+    step and the sampler's epoch and position: integers >= 0; the history: metric dicts; training_args.json: a
+    dict; Python's and torch's RNG states: accepted by a scratch generator. With `optimizer`: as many parameter
+    groups and parameters as it has, each moment of its parameter's shape. With `scheduler`: last_epoch an
+    integer in 0..step (an optimizer step advances it; a step DAPO's refill skipped does not), one base rate
+    per parameter group."""
+    step, sampler = state["step"], state["sampler"]
+    if step < 0:
+        return f"step {step} is negative"
+    for key in sampler.keys() & {"epoch", "position"}:
+        value = sampler[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"the prompt sampler's {key} is {value!r}, not an integer >= 0"
+    if not isinstance(state["args"], dict) or not isinstance(state["args"].get("config", {}), dict):
+        return f"{ARGS_FILE} is not a dict of the run's settings"
+    if not all(isinstance(row, dict) for row in state["history"]):
+        return "the metric history is not a list of dicts"
+    try:
+        random.Random().setstate(state["rng"]["python"])
+        torch.Generator().set_state(state["rng"]["torch"])
+    except (TypeError, ValueError, RuntimeError) as error:
+        return f"a random generator's state is malformed ({_one_line(error)})"
+    if optimizer is not None:
+        problem = _optimizer_state_problem(state["optimizer"], optimizer)
+        if problem:
+            return f"the optimizer state {problem}"
+    if scheduler is not None:
+        saved = state["scheduler"]
+        last, base_lrs = saved.get("last_epoch"), saved.get("base_lrs")
+        if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last <= step:
+            return f"the scheduler's last_epoch is {last!r}, not an integer in 0..step {step}"
+        if not isinstance(base_lrs, list) or len(base_lrs) != len(scheduler.base_lrs):
+            return f"the scheduler has base_lrs {base_lrs!r}, not one rate per parameter group"
+    return None
+
+
+def _optimizer_state_problem(saved, optimizer: torch.optim.Optimizer) -> str | None:
+    """What makes `saved` (an optimizer's state_dict) unfit for `optimizer`, or None."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):
+        return "is not an optimizer state_dict"
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        return f"has {len(groups) if isinstance(groups, list) else 'no'} parameter groups, the optimizer has " + str(
+            len(optimizer.param_groups)
+        )
+    params = {}
+    for saved_group, group in zip(groups, optimizer.param_groups, strict=True):
+        ids = saved_group.get("params") if isinstance(saved_group, dict) else None
+        if not isinstance(ids, list) or len(ids) != len(group["params"]):
+            return "has another number of parameters than the optimizer"
+        params.update(zip(ids, group["params"], strict=True))
+    for key, moments in saved["state"].items():
+        if key not in params or not isinstance(moments, dict):
+            return f"has an entry {key!r} for no parameter"
+        for name, value in moments.items():
+            if name != "step" and isinstance(value, torch.Tensor) and value.shape != params[key].shape:
+                return f"holds {name} of shape {tuple(value.shape)} for a parameter of {tuple(params[key].shape)}"
+    return None
 
 
 def _read_json(file: Path, missing_ok: bool = False):
@@ -427,16 +569,19 @@ def load_checkpoint(
     (for set_rng_state), "history" (list of metric dicts), "args"}. Every file is
     read and checked first (read_checkpoint), so a broken checkpoint changes nothing.
     """
-    state = read_checkpoint(path, modules)
+    state = read_checkpoint(path, modules, optimizer, scheduler)
     apply_checkpoint(state, modules, optimizer, scheduler, load_full_states)
     return {key: state[key] for key in ("step", "sampler", "rng", "history", "args")}
 
 
-def find_resumable(output_dir: str | Path, modules: dict[str, torch.nn.Module]) -> tuple[Path, dict, list[str]] | None:
+def find_resumable(
+    output_dir: str | Path, modules: dict[str, torch.nn.Module], optimizer=None, scheduler=None
+) -> tuple[Path, dict, list[str]] | None:
     """The newest checkpoint in output_dir that reads completely: (path, read_checkpoint's state, warnings).
 
     Each newer checkpoint that is broken gives one warning that names it and why. None when output_dir holds
-    no checkpoint-<int> folder; CheckpointError listing each one when none of them reads.
+    no checkpoint-<int> folder; CheckpointError listing each one when none of them reads. A RunMismatchError
+    (good checkpoints of another kind of run) is raised at once: no older checkpoint would fit better.
     """
     candidates = checkpoint_folders(output_dir)
     if not candidates:
@@ -444,7 +589,9 @@ def find_resumable(output_dir: str | Path, modules: dict[str, torch.nn.Module]) 
     problems = []
     for path in reversed(candidates):
         try:
-            return path, read_checkpoint(path, modules), problems
+            return path, read_checkpoint(path, modules, optimizer, scheduler), problems
+        except RunMismatchError:
+            raise
         except CheckpointError as error:
             problems.append(f"skipped {path.name}: {error}")
     raise CheckpointError(
@@ -460,14 +607,22 @@ def earlier_run(output_dir: str | Path) -> list[str]:
     return found + ([METRICS_FILE] if (Path(output_dir) / METRICS_FILE).exists() else [])
 
 
-def claim_output_dir(output_dir: str | Path, replace: bool) -> None:
+def claim_output_dir(output_dir: str | Path, replace: bool, resuming_from: Path | None = None) -> None:
     """Make output_dir ready for a fresh run. An earlier run's checkpoints and metrics would be resumed from
     (resume picks the highest step) or would rotate this run's newer checkpoints away, so they must go; they
     are never deleted silently: `replace` deletes them (and says so), otherwise FileExistsError names the options.
+    resuming_from: another run's checkpoint that this run continues from (the error then says so).
     """
     earlier = earlier_run(output_dir)
     if earlier and not replace:
         shown = ", ".join(earlier if len(earlier) <= 4 else [*earlier[:3], "..."])
+        if resuming_from is not None:
+            raise FileExistsError(
+                f"resuming from {resuming_from} (another run's checkpoint) would write into output_dir "
+                f"{output_dir}, which holds an earlier run ({shown}) that would be overwritten: set output_dir to "
+                f"{resuming_from.parent} to continue that run in place, give an empty output_dir to branch off it, "
+                "or replace the earlier run with overwrite_output_dir=True (--overwrite-output-dir)."
+            )
         raise FileExistsError(
             f"{output_dir} holds an earlier run ({shown}): resume it (train(resume_from_checkpoint=True), "
             "--resume), give this run another output_dir, or replace it with overwrite_output_dir=True "
@@ -477,6 +632,27 @@ def claim_output_dir(output_dir: str | Path, replace: bool) -> None:
         (Path(output_dir) / METRICS_FILE).unlink(missing_ok=True)
         removed = remove_checkpoints(output_dir)
         print(f"new run in {output_dir}: removed the metrics and {removed} checkpoint(s) of an earlier run")
+
+
+def claim_logging_dir(logging_dir: str | Path, replace: bool) -> None:
+    """Make a separate logging_dir ready for a fresh run's metrics.jsonl. Another run's output folder (it holds
+    checkpoint folders, whose metrics that file is) is always refused: overwrite_output_dir names this run's
+    output_dir, not that one. An earlier metrics.jsonl alone is refused unless `replace` (then deleted, and said)."""
+    logging_dir = Path(logging_dir)
+    if checkpoint_folders(logging_dir):
+        raise FileExistsError(
+            f"logging_dir {logging_dir} is another run's output folder (it holds "
+            f"{checkpoint_folders(logging_dir)[-1].name}): its {METRICS_FILE} belongs to those checkpoints and is "
+            "not replaced. Give this run its own logging_dir, or none (metrics then go to output_dir)."
+        )
+    if (logging_dir / METRICS_FILE).exists():
+        if not replace:
+            raise FileExistsError(
+                f"logging_dir {logging_dir} holds the {METRICS_FILE} of an earlier run: give this run another "
+                "logging_dir, or replace that file with overwrite_output_dir=True (--overwrite-output-dir)."
+            )
+        (logging_dir / METRICS_FILE).unlink()
+        print(f"new run logging to {logging_dir}: removed the {METRICS_FILE} of an earlier run")
 
 
 @contextlib.contextmanager

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator
 
@@ -132,6 +134,35 @@ def check_config(config) -> None:
             f"each of the {K} processes holds N/K = {rows} completions, which per_device_train_batch_size="
             f"{micro_batch} does not divide: choose a divisor of {rows}."
         )
+
+
+PER_RANK_FIELDS = ("model_init_kwargs",)
+"""Config fields that may differ between ranks: a device_map that puts each rank's model on its own GPU."""
+
+
+def check_same_config(config) -> None:
+    """Fail on every rank, at once and with the same message, when the ranks were started with different configs
+    (another max_steps would end in gloo's "Connection closed by peer" when one rank stops early; another learning
+    rate would train diverging replicas while rank 0's weights are saved). One all-gather of a hash of the config;
+    only when the hashes differ, a second one of the configs, to name the fields."""
+    if not is_distributed():
+        return
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in PER_RANK_FIELDS}
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=repr).encode()).hexdigest()
+    digests: list[str | None] = [None] * world_size()
+    dist.all_gather_object(digests, digest)
+    if len(set(digests)) == 1:
+        return
+    configs: list[dict | None] = [None] * world_size()
+    dist.all_gather_object(configs, fields)
+    differing = sorted(name for name in fields if any(other[name] != fields[name] for other in configs))
+    details = "; ".join(
+        f"{name}: " + ", ".join(f"rank {r} {other[name]!r}" for r, other in enumerate(configs)) for name in differing
+    )
+    raise ValueError(
+        f"the {world_size()} processes were started with different settings ({details}): every rank must run the "
+        "same config, or their updates diverge. Start torchrun again with one set of flags and the same script."
+    )
 
 
 def local_groups(prompt_indices: list[int], seed: int, step: int, first_group: int = 0) -> tuple[list[int], list[int]]:

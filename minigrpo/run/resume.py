@@ -60,9 +60,10 @@ class CheckpointMixin:
         modules = self.trainable_modules()
         if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
             path = Path(resume_from_checkpoint)
-            self._restore(path, checkpoints.read_checkpoint(path, modules), allow_config_change)
+            state = checkpoints.read_checkpoint(path, modules, self.optimizer, self.scheduler)
+            self._restore(path, state, allow_config_change)
             return
-        found = checkpoints.find_resumable(self.output_dir, modules)
+        found = checkpoints.find_resumable(self.output_dir, modules, self.optimizer, self.scheduler)
         if found is None:
             print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
             self._start_fresh(replace=True)  # metrics without a checkpoint cannot be continued
@@ -74,13 +75,18 @@ class CheckpointMixin:
 
     def _start_fresh(self, replace: bool) -> None:
         """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
-        if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
-            checkpoints.claim_output_dir(self.output_dir, replace)
-            if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir: start its file afresh
-                self.metrics_path.unlink(missing_ok=True)
-        distributed.barrier()
+        self._claim_folders(replace)
         random.seed(self.config.seed)
         torch.manual_seed(self.config.seed)
+
+    def _claim_folders(self, replace: bool, resuming_from: Path | None = None) -> None:
+        """Make output_dir (and a separate logging_dir) ready for this run's files: an earlier run's are refused,
+        or deleted (and said so) when `replace` (checkpoints.claim_output_dir, claim_logging_dir)."""
+        if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
+            checkpoints.claim_output_dir(self.output_dir, replace, resuming_from)
+            if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir
+                checkpoints.claim_logging_dir(self.metrics_path.parent, replace)
+        distributed.barrier()
 
     def _save_after_failure(self, what: str, rng: dict, sampler: dict) -> None:
         """Save the state of the last complete step (rng, sampler: as they were then); a save that fails too is
@@ -136,7 +142,8 @@ class CheckpointMixin:
     def load_checkpoint(self, path: str | Path, allow_config_change: bool = False) -> None:
         """Restore model(s), optimizer, scheduler, RNG, data position and metric history; every file is read and
         checked first, and a run whose training-defining settings differ is refused unless allow_config_change."""
-        self._restore(Path(path), checkpoints.read_checkpoint(path, self.trainable_modules()), allow_config_change)
+        state = checkpoints.read_checkpoint(path, self.trainable_modules(), self.optimizer, self.scheduler)
+        self._restore(Path(path), state, allow_config_change)
 
     def _restore(self, path: Path, state: dict, allow_config_change: bool) -> None:
         changes = checkpoints.changed_run_fields(state["args"], self.run_args())
@@ -145,6 +152,10 @@ class CheckpointMixin:
                 f"{path} belongs to a run with other settings ({'; '.join(changes)}): resume with the same "
                 "settings, or pass allow_config_change=True (--allow-config-change) to continue with the new ones."
             )
+        if not _same_folder(path.parent, self.output_dir):
+            # A checkpoint of another run (run A) continued into this output_dir (run B), as transformers' Trainer
+            # does: B's own checkpoints and metrics are never overwritten with A's, so B must hold no earlier run.
+            self._claim_folders(self.config.overwrite_output_dir, resuming_from=path)
         load_full_states = None
         if self._sharded:  # FSDP2: every rank reads the whole states and keeps its shards
             load_full_states = lambda weights, optimizer_state: distributed.load_full_state_dicts(  # noqa: E731
@@ -196,3 +207,7 @@ class CheckpointMixin:
             self.tokenizer.save_pretrained(path)
         distributed.barrier()
         return path
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

@@ -42,6 +42,10 @@ class PromptSampler:
         self.epoch, self.position = state["epoch"], state["position"]
 
 
+MAX_EPOCH_STEPS = 10**9
+"""The most optimizer steps num_train_epochs may ask for (max_steps=-1): a billion steps is years of training."""
+
+
 def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int) -> int:
     """Optimizer steps to train: config.max_steps, or for max_steps == -1 TRL's count for num_train_epochs:
 
@@ -57,7 +61,14 @@ def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int)
                 f"the training set has {num_prompts} prompts, fewer than one generation's "
                 f"prompts_per_step={config.prompts_per_step}: add prompts or lower the batch."
             )
-        steps = math.ceil(config.num_train_epochs * generations_per_epoch * per_generation)
+        steps = config.num_train_epochs * generations_per_epoch * per_generation
+        if not steps <= MAX_EPOCH_STEPS:  # an inf or absurd count: nothing would run to the end (or math.ceil fails)
+            raise ValueError(
+                f"max_steps=-1 with num_train_epochs={config.num_train_epochs:g} means {steps:.3g} optimizer steps "
+                f"({generations_per_epoch} generations of {config.prompts_per_step} prompts per epoch), more than "
+                f"{MAX_EPOCH_STEPS:,}: lower num_train_epochs, or give max_steps."
+            )
+        steps = math.ceil(steps)
     return math.ceil(steps / per_generation) * per_generation
 
 
