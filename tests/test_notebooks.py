@@ -23,6 +23,7 @@ LESSONS = [
     "01_policy_gradients_and_ppo",
     "02_group_sampling",
     "02b_from_prompt_to_logprobs",
+    "02c_rewards_and_verifiers",
     "03_group_relative_advantages",
     "04_grpo_objective",
     "08_from_minigrpo_to_trl",
