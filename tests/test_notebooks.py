@@ -216,4 +216,6 @@ def test_solutions_have_no_checked_cell():
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
         cells = nbformat.read(path, as_version=4).cells
         checked = [i for i, cell in enumerate(cells) if "NBVAL_CHECK_OUTPUT" in cell.source]
-        assert not checked, f"{path.name}: cells {checked} are marked # NBVAL_CHECK_OUTPUT; check those values in a test"
+        assert not checked, (
+            f"{path.name}: cells {checked} are marked # NBVAL_CHECK_OUTPUT; check those values in a test"
+        )
