@@ -22,6 +22,8 @@ LESSONS = [
     "00_tour_and_setup",
     "01_policy_gradients_and_ppo",
     "02_group_sampling",
+    "02b_from_prompt_to_logprobs",
+    "02c_rewards_and_verifiers",
     "03_group_relative_advantages",
     "04_grpo_objective",
     "08_from_minigrpo_to_trl",
@@ -122,7 +124,8 @@ def test_lesson_shape(name):
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     markdown = [cell.source for cell in nb.cells if cell.cell_type == "markdown"]
     code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
-    assert markdown[1].startswith(f"# {name[:2]} ") and "**The question.**" in markdown[1]
+    number = name.split("_")[0]  # "03", or "02b" for a lesson placed between 02 and 03
+    assert markdown[1].startswith(f"# {number} ") and "**The question.**" in markdown[1]
     assert "from minigrpo import course" in code and "course.describe()" in code
     assert "## Summary" in markdown[-1] and "## Exercises" in markdown[-1]
     assert sum(CHECK in cell.source for cell in nb.cells if cell.cell_type == "code") >= 2
@@ -213,4 +216,6 @@ def test_solutions_have_no_checked_cell():
     for path in sorted((ROOT / "solutions").glob("*.ipynb")):
         cells = nbformat.read(path, as_version=4).cells
         checked = [i for i, cell in enumerate(cells) if "NBVAL_CHECK_OUTPUT" in cell.source]
-        assert not checked, f"{path.name}: cells {checked} are marked # NBVAL_CHECK_OUTPUT; check those values in a test"
+        assert not checked, (
+            f"{path.name}: cells {checked} are marked # NBVAL_CHECK_OUTPUT; check those values in a test"
+        )

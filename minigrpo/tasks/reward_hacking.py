@@ -1,4 +1,4 @@
-"""Rewards that can be gamed (lesson 07): reward hacking and length growth.
+"""Rewards that can be gamed (lessons 02c and 07): reward hacking and length growth.
 
 Each has TRL's reward signature, ``(prompts, completions, completion_ids,
 **dataset columns) -> list[float]``, so it plugs into GRPOTrainer like the
