@@ -188,3 +188,11 @@ def test_a_stage_function_in_any_cell_is_a_failed_check_that_names_it(cell, name
 
 def test_a_cell_that_does_not_parse_is_not_a_crash():
     assert stage_function_uses(["def broken(:", "%time x = 1"]) == []
+
+
+def test_a_notebook_of_stubs_earns_no_own_code_points():
+    exercise = ROOT / "exercises" / SOLUTION.name
+    cells = [c.source for c in nbformat.read(exercise, as_version=4).cells if c.cell_type == "code"]
+    with judged_cells(cells):
+        result = grading.run_check("check_capstone_own_code", lambda: None, quiet=True)
+    assert result.points == 0 and "still raise NotImplementedError" in result.cases[0].message

@@ -540,6 +540,12 @@ def _own_code_cases() -> list[Case]:
         cells = notebook_cells()
         if cells is None:
             raise Mismatch("the notebook's cells are not available here: run this check in the notebook, or grade it.")
+        stubs = sum("raise NotImplementedError(" in cell for cell in cells)
+        if stubs:
+            raise Mismatch(
+                f"{stubs} cell(s) still raise NotImplementedError: this check grades your own code once it is all "
+                "written (it reads the cells: none may import or call a stage function of minigrpo)."
+            )
         uses = stage_function_uses(cells)
         if uses:
             raise Mismatch(
@@ -548,7 +554,7 @@ def _own_code_cases() -> list[Case]:
                 + ". Write them yourself (only the given imports are allowed)."
             )
 
-    return [Case("no stage function of minigrpo imported or called in the notebook", 2, own_code)]
+    return [Case("every function written, no stage function of minigrpo imported or called", 2, own_code)]
 
 
 @check
