@@ -175,6 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("path", help="a .ipynb file or a folder")
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
     grade.add_argument("--timeout", type=int, default=600, help="seconds per notebook")
+    grade.add_argument(
+        "--jobs", type=int, default=None, help="notebooks graded at once (default: $MINIGRPO_GRADE_JOBS, else up to 4)"
+    )
+    grade.add_argument("--csv", default=None, metavar="PATH", help="also write one row per notebook and check to PATH")
     for command in (train, evaluate, pretrain, grade):
         command.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     return parser
@@ -260,7 +264,10 @@ def run_pretrain(args: argparse.Namespace) -> None:
 def run_grade(args: argparse.Namespace) -> int:
     from minigrpo.grading import grade_command
 
-    return grade_command(args.path, as_json=args.json, timeout=args.timeout)
+    if args.jobs is not None and args.jobs < 1:
+        print(f"error: --jobs {args.jobs}: give 1 or more notebooks at once.", file=sys.stderr)
+        return 2
+    return grade_command(args.path, as_json=args.json, timeout=args.timeout, jobs=args.jobs, csv_path=args.csv)
 
 
 def main(argv: list[str] | None = None) -> int:

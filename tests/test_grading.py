@@ -6,6 +6,7 @@ timeouts in a learner's code are failed cases, never a crash. Grading
 solutions/ gives full marks and exercises/ (as generated) zero.
 """
 
+import csv
 import json
 import re
 import shutil
@@ -208,7 +209,9 @@ CHECKS = {
 
 
 def test_every_check_is_tested_here():
-    assert set(CHECKS) == set(grading.CASES)
+    """The capstone's checks (exercise 15) are tested in tests/test_capstone.py, on the solution notebook's code."""
+    capstone = {name for name in grading.CASES if name.startswith("check_capstone_")}
+    assert set(CHECKS) == set(grading.CASES) - capstone and capstone
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
@@ -462,14 +465,16 @@ def run_grade(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minigrpo", "grade", *map(str, args)], capture_output=True, text=True)
 
 
-# Graded beside every solution: a plain function check, the one-step lab (a model in the kernel) and the failure-mode
-# lab (training in the kernel). Every exercise holds stubs only (test_exercises.py reads them all); grading these three
-# shows that stubs score 0 on every check, at a fifth of the time all fourteen take.
-SAMPLED_EXERCISES = ("02_group_relative_advantages", "08_one_grpo_step", "10_failure_modes")
+# Graded beside every solution: a plain function check, the one-step lab (a model in the kernel), the failure-mode
+# lab (training in the kernel) and the capstone (everything from scratch). Every exercise holds stubs only
+# (test_exercises.py reads them all); grading these four shows that stubs score 0 on every check, at a fraction of the
+# time all fifteen take.
+SAMPLED_EXERCISES = ("02_group_relative_advantages", "08_one_grpo_step", "10_failure_modes", "15_grpo_from_scratch")
 
 
 def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
-    """One grading run (its notebooks in parallel): solutions/, three exercises and a broken notebook.
+    """One grading run (its notebooks two at a time, --jobs 2): solutions/, four exercises and a broken notebook, with
+    the instructor's CSV beside the JSON.
 
     It runs every solution cell (a cell that raises is in the report's errors), so nbval leaves solutions/ to it."""
     shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
@@ -478,7 +483,7 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
         shutil.copy(ROOT / "exercises" / f"{name}.ipynb", tmp_path / "exercises")
     (tmp_path / "broken").mkdir()
     nbformat.write(broken_notebook(), tmp_path / "broken" / "broken.ipynb")
-    result = run_grade(tmp_path, "--json", "--timeout", 300)
+    result = run_grade(tmp_path, "--json", "--timeout", 300, "--jobs", 2, "--csv", tmp_path / "grades.csv")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     by_folder = {}
@@ -487,7 +492,9 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
         by_folder.setdefault(folder, []).append(notebook)
         assert notebook["status"] == "ok", notebook
     solutions, exercises = by_folder["solutions"], by_folder["exercises"]
-    assert len(solutions) == len(list((ROOT / "solutions").glob("*.ipynb"))) and len(exercises) == 3
+    assert len(solutions) == len(list((ROOT / "solutions").glob("*.ipynb"))) and len(exercises) == len(
+        SAMPLED_EXERCISES
+    )
     for notebook in solutions:
         assert notebook["points"] == notebook["max_points"] > 0, notebook
         assert notebook["errors"] == [], notebook
@@ -507,6 +514,15 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
     exercise_points = sum(n["max_points"] for n in exercises)
     assert report["points"] == total_solution_points
     assert report["max_points"] == total_solution_points + exercise_points + 6
+    with open(tmp_path / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["path"], r["check"]) for r in rows] == [
+        (n["path"], c["check"]) for n in report["notebooks"] for c in n["checks"]
+    ]  # one row per notebook and check, in the report's order
+    assert sum(float(r["points"]) for r in rows) == report["points"]
+    assert sum(float(r["max_points"]) for r in rows) == report["max_points"]
+    (crashed_row,) = [r for r in rows if r["exercise"] == "broken" and r["check"] == "check_kl_k3"]
+    assert "your code raised ZeroDivisionError" in crashed_row["lost_points"]
 
 
 def test_the_score_table_lists_exercise_points_max_and_total(tmp_path):
@@ -540,3 +556,32 @@ def test_exit_codes_for_a_bad_path(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("x")
     assert grading.grade_command(str(tmp_path / "notes.txt")) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_csv_has_one_row_per_notebook_and_check_and_defuses_formulas(tmp_path):
+    from minigrpo.grading.runner import CSV_COLUMNS, write_csv
+
+    path = tmp_path / "=HYPERLINK(1).ipynb"
+    nbformat.write(broken_notebook(), path)
+    report = grading.NotebookReport(str(path), checks=[], seconds=1.25)
+    grading.collect(nbformat.read(path, as_version=4), {}, report)
+    empty = grading.NotebookReport(str(tmp_path / "empty.ipynb"), status="unreadable", errors=["cannot read it"])
+    write_csv([report, empty], tmp_path / "grades.csv")
+    with open(tmp_path / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0]) == CSV_COLUMNS
+    assert [(r["exercise"], r["check"], r["points"], r["max_points"]) for r in rows] == [
+        ("'=HYPERLINK(1)", "check_kl_k3", "0", "3"),
+        ("'=HYPERLINK(1)", "check_masked_mean", "0", "3"),
+        ("empty", "", "0", "0"),
+    ]
+    assert rows[0]["seconds"] == "1.2" and rows[0]["status"] == "ok"
+    assert rows[1]["lost_points"].startswith("did not run:") and rows[2]["lost_points"] == "cannot read it"
+
+
+def test_grade_refuses_jobs_below_one(tmp_path, capsys):
+    from minigrpo.__main__ import main
+
+    nbformat.write(broken_notebook(), tmp_path / "broken.ipynb")
+    assert main(["grade", str(tmp_path), "--jobs", "0"]) == 2
+    assert "--jobs 0" in capsys.readouterr().err

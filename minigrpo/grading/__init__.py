@@ -20,7 +20,8 @@ in `minigrpo.grading.runner`).
 | --- | --- |
 | framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
 | cases/ | one module per exercise: `@cases("check_x", references=[...])` its cases, `@check` the check_x it exports |
-| labs | short runs of the tiny Qwen: the reference GRPO step, the planted-bug trainer of exercise 10 |
+| labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
+| own_code | the capstone's notebook read for the package's stage functions (their syntax trees) |
 | references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
 | remote | the learner's function called in its kernel: arguments in, plain data out |
 | judge | the grader's judge process: runs every check's cases on the kernel's functions |
@@ -60,10 +61,12 @@ from minigrpo.grading.framework import (
 )
 from minigrpo.grading.labs import (
     BUGS,
+    CAPSTONE_LEARNING,
     DIAGNOSTICS,
     NO_BUG,
     PlantedBugTrainer,
     diagnostics_table,
+    held_out_accuracy,
     planted_bug_run,
     reference_grpo_steps,
     run_with_bug,
@@ -89,6 +92,7 @@ globals().update(CHECKS)  # every registered check, by its name: `from minigrpo.
 
 __all__ = [
     "BUGS",
+    "CAPSTONE_LEARNING",
     "CASES",
     "CHECKS",
     "CASE_TIMEOUT_S",
@@ -121,6 +125,7 @@ __all__ = [
     "find_notebooks",
     "format_check",
     "format_scores",
+    "held_out_accuracy",
     "grade_command",
     "grade_notebooks",
     "last_traceback_line",

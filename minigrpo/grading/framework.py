@@ -164,6 +164,35 @@ def check(function: Callable[[Callable], CheckResult]) -> Callable[[Callable], C
     return function
 
 
+# --- the notebook's source, for checks that read it ---------------------------------------
+_JUDGED_CELLS: list[str] | None = None
+
+
+@contextlib.contextmanager
+def judged_cells(cells: Sequence[str]):
+    """Within the block, notebook_cells() is `cells`: the code cells the grader's judge read from the notebook."""
+    global _JUDGED_CELLS
+    previous, _JUDGED_CELLS = _JUDGED_CELLS, list(cells)
+    try:
+        yield
+    finally:
+        _JUDGED_CELLS = previous
+
+
+def notebook_cells() -> list[str] | None:
+    """The notebook's code cells: the judge's copy of the file when grading, else the kernel's input history
+    (IPython's `In`, every cell run so far); None outside both."""
+    if _JUDGED_CELLS is not None:
+        return list(_JUDGED_CELLS)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    history = shell.user_ns.get("In") if shell is not None else None
+    return [cell for cell in history if cell] if history else None
+
+
 # --- running cases ------------------------------------------------------------------
 @contextlib.contextmanager
 def _time_limit(seconds: float):

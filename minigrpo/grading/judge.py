@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate
+from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate, judged_cells
 from minigrpo.grading.references import source_reference_reason, watch_list
 from minigrpo.grading.remote import Kernel, KernelFunction, describe
 
@@ -56,9 +56,10 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str])
         refusal = source_reference_reason(cells, call["cell"], call["argument"], REFERENCES.get(check, ()))
     refusal = refusal or seen.get("refusal")
     function = KernelFunction(kernel, check, watch_list(REFERENCES.get(check, ())))
-    result = evaluate(check, function, str(refusal) if refusal else None)
-    if function.refusal:  # a reference ran, seen at run time: every case earns 0 with the reason
-        result = evaluate(check, function, function.refusal)
+    with judged_cells(cells):  # a check that reads the notebook's source reads the file's, not the kernel's
+        result = evaluate(check, function, str(refusal) if refusal else None)
+        if function.refusal:  # a reference ran, seen at run time: every case earns 0 with the reason
+            result = evaluate(check, function, function.refusal)
     return result.to_dict()
 
 

@@ -285,3 +285,136 @@ def diagnostics_table(histories: dict[str, list[dict]], steps: Sequence[int] | N
             cells = " ".join(f"{metrics.get(key, float('nan')):>14.4f}" for _, key in DIAGNOSTICS)
             lines.append(f"{name:>8} {metrics['step']:>4} {cells}")
     return "\n".join(lines)
+
+
+# --- the capstone: the package's GRPO update, step by step, and the learning run ------------------
+class RecordingGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that records, at each optimizer step, its loss, its gradient before clipping and the weights
+    after the step: what the capstone compares a learner's from-scratch update with, pass by pass."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.losses, self.gradients, self.weights = [], [], []
+
+    def clip_gradients(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+        self.gradients.append({n: p.grad.detach().clone() for n, p in self.model.named_parameters()})
+        return super().clip_gradients(params, max_norm)
+
+    def grpo_step(self, *args, **kwargs) -> dict:
+        totals = super().grpo_step(*args, **kwargs)
+        self.losses.append(totals["loss"])
+        self.weights.append({n: p.detach().clone() for n, p in self.model.named_parameters()})
+        return totals
+
+
+def capstone_config(output_dir: str, **overrides) -> GRPOConfig:
+    """The capstone's exactness cases: 4 prompts x G=4 in 4 micro-batches of 4 completions, the DeepSeekMath loss
+    (k3 KL, beta 0.04, "grpo" aggregation), each completion's log-probs from its own forward pass."""
+    preset = dict(per_device_train_batch_size=4, share_prompt_prefix=False)
+    return small_grpo_config(output_dir, **{**preset, **overrides})
+
+
+def reference_capstone_update(
+    model, tokenizer, rollout: Rollout, rewards: torch.Tensor, config
+) -> RecordingGRPOTrainer:
+    """The package's update (GRPOTrainer.optimize: num_iterations optimizer steps) on `rollout`, recorded."""
+    trainer = RecordingGRPOTrainer(
+        model,
+        [correctness_reward, format_reward],
+        args=config,
+        train_dataset=make_arithmetic_dataset(16, "train", seed=0),
+        processing_class=tokenizer,
+        ref_model=make_reference_model(model),
+    )
+    trainer.optimize(rollout, rewards)
+    return trainer
+
+
+CAPSTONE_LEARNING = {
+    "full": dict(
+        max_steps=40,
+        prompts_per_step=16,
+        learning_rate=3e-4,
+        train_problems=1000,
+        eval_split="test",
+        eval_problems=200,
+        grading_seed=0,
+        bar=0.015,
+        reference_rises=(0.105, 0.160, 0.030, 0.125, 0.115),
+        timeout=900,
+    ),
+    "quick": dict(
+        max_steps=8,
+        prompts_per_step=8,
+        learning_rate=3e-4,
+        train_problems=16,
+        eval_split="train",
+        eval_problems=16,
+        grading_seed=0,
+        bar=0.125,
+        reference_rises=(0.312, 0.312, 0.312, 0.375, 0.250),
+        timeout=300,
+    ),
+}
+"""The capstone's learning check, full and quick (MINIGRPO_QUICK, as the grader runs by default): the learner's loop
+trains the tiny Qwen for max_steps steps of prompts_per_step prompts x G=8 at a constant learning_rate on
+train_problems training problems, and its greedy accuracy on eval_problems problems of eval_split must rise by at
+least `bar`. Full: 200 held-out problems. Quick: too short for the held-out accuracy to move reliably (it dips before
+it rises), so it trains on 16 problems and measures them. The bar sits below the worst rise of the package's own
+GRPOTrainer over seeds 0-4 (`reference_rises`; `python scripts/capstone_bar.py [--quick]` measures them): full, worst
++0.030 (seed 2), bar +0.015; quick, worst +0.250 (seed 4), bar +0.125 (two of the 16 problems)."""
+
+
+def capstone_learning_config(output_dir: str, settings: dict, seed: int = 0) -> GRPOConfig:
+    """The learning run's config: the DeepSeekMath loss at the tiny model's sizes, 2 micro-batches per step."""
+    B, G = settings["prompts_per_step"], 8
+    return small_grpo_config(
+        output_dir,
+        prompts_per_step=B,
+        num_generations=G,
+        per_device_train_batch_size=B * G // 2,
+        max_steps=settings["max_steps"],
+        learning_rate=settings["learning_rate"],
+        share_prompt_prefix=False,
+        save_steps=10**9,
+        seed=seed,
+    )
+
+
+def held_out_accuracy(model, tokenizer, num_problems: int = 200, split: str = "test") -> float:
+    """Greedy accuracy of `model` on the first `num_problems` problems of `split` (test: held out from training):
+    the capstone's given evaluation."""
+    from minigrpo.run.evaluation import evaluate_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = small_grpo_config(tmp)
+    problems = make_arithmetic_dataset(num_problems, split, seed=0)
+    return evaluate_model(model, tokenizer, problems, [correctness_reward, format_reward], config)["eval_accuracy"]
+
+
+def capstone_learning_data(settings: dict) -> tuple:
+    """(training problems, the accuracy before-and-after function) of the capstone's learning run."""
+    train = make_arithmetic_dataset(settings["train_problems"], "train", seed=0)
+    return train, lambda model, tokenizer: held_out_accuracy(
+        model, tokenizer, settings["eval_problems"], settings["eval_split"]
+    )
+
+
+def reference_learning_run(settings: dict, seed: int) -> tuple[float, float]:
+    """The package's GRPOTrainer on the capstone's learning run: held-out accuracy (before, after)."""
+    model, tokenizer = tiny_model_and_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp, single_thread():
+        config = capstone_learning_config(tmp, settings, seed)
+        train, accuracy = capstone_learning_data(settings)
+        before = accuracy(model, tokenizer)
+        trainer = GRPOTrainer(
+            model,
+            [correctness_reward, format_reward],
+            args=config,
+            train_dataset=train,
+            processing_class=tokenizer,
+            ref_model=make_reference_model(model),
+        )
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            trainer.train()
+        return before, accuracy(model, tokenizer)

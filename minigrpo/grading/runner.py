@@ -1,4 +1,4 @@
-"""The grader: `python -m minigrpo grade PATH [--json] [--timeout S]`.
+"""The grader: `python -m minigrpo grade PATH [--json] [--timeout S] [--jobs N] [--csv FILE]`.
 
 How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
@@ -492,14 +492,60 @@ def say(text: str, stream=None) -> None:
     print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream, flush=True)
 
 
-def grade_command(path: str, as_json: bool = False, timeout: float = 600) -> int:
+CSV_COLUMNS = ("path", "exercise", "check", "points", "max_points", "status", "seconds", "lost_points")
+
+
+def csv_rows(reports: list[NotebookReport]) -> list[dict]:
+    """One row per notebook and check, for an instructor's spreadsheet: CSV_COLUMNS; lost_points says what failed
+    (the cases' names and hints, or why the check did not run). A notebook with no checks gets one row."""
+    rows = []
+    for report in reports:
+        common = {"path": report.path, "exercise": report.exercise, "status": report.status}
+        common["seconds"] = round(report.seconds, 1)
+        for check in report.checks or [{"check": "", "points": 0.0, "max_points": 0.0}]:
+            lost = [f"{c['name']}: {c['message']}" for c in check.get("cases", []) if not c["passed"]]
+            lost += [f"did not run: {check['not_run']}"] if "not_run" in check else []
+            lost += [] if report.checks else report.errors[:1]
+            rows.append(
+                {
+                    **common,
+                    "check": check["check"],
+                    "points": format_points(check["points"]),
+                    "max_points": format_points(check["max_points"]),
+                    "lost_points": " | ".join(lost),
+                }
+            )
+    return rows
+
+
+def write_csv(reports: list[NotebookReport], path: str | Path) -> None:
+    """csv_rows(reports) to `path`. A text a learner made is written escaped (`limits.printable`), and one that a
+    spreadsheet would run as a formula (=, +, -, @ first) starts with an apostrophe."""
+    import csv
+
+    def cell(value):
+        text = printable(str(value)) if isinstance(value, str) else value
+        return "'" + text if isinstance(text, str) and text[:1] in ("=", "+", "-", "@") else text
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        for row in csv_rows(reports):
+            writer.writerow({key: cell(value) for key, value in row.items()})
+
+
+def grade_command(
+    path: str, as_json: bool = False, timeout: float = 600, jobs: int | None = None, csv_path: str | None = None
+) -> int:
     """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
-    128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143)."""
+    128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). jobs: notebooks graded at once
+    (None: $MINIGRPO_GRADE_JOBS, else up to 4); csv_path: also write csv_rows there."""
     try:
         notebooks = find_notebooks(path)
     except FileNotFoundError as error:
         say(f"error: {error}", sys.stderr)
         return 2
+    csv_path = None if csv_path is None else os.path.abspath(csv_path)  # grading leaves the working folder
 
     def progress(report: NotebookReport) -> None:
         score = f"{format_points(report.points)}/{format_points(report.max_points)}"
@@ -508,7 +554,7 @@ def grade_command(path: str, as_json: bool = False, timeout: float = 600) -> int
 
     started, not_graded, stopped = time.monotonic(), [], None
     try:
-        reports = grade_notebooks(notebooks, timeout=timeout, progress=progress)
+        reports = grade_notebooks(notebooks, timeout=timeout, jobs=jobs, progress=progress)
     except GradingError as error:
         say(f"error: {error}", sys.stderr)
         return 1
@@ -528,6 +574,8 @@ def grade_command(path: str, as_json: bool = False, timeout: float = 600) -> int
         say(json.dumps({**summary, "notebooks": [r.to_dict() for r in reports]}, indent=1))  # ASCII: any stdout
     else:
         say(format_scores(reports, not_graded))
+    if csv_path is not None:
+        write_csv(reports, csv_path)
     if stopped:
         names = ", ".join(printable(str(p)) for p in not_graded) or "none"
         say(

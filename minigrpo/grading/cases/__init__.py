@@ -20,11 +20,15 @@ module here, imported below, and a row in this table.
 | 12 | off_policy | check_importance_ratio, check_clip_fractions |
 | 13 | kl_gradient | check_kl_loss_gradient, check_kl_directions |
 | 14 | dynamic_sampling | check_informative_groups, check_fill_batch |
+| 15 | capstone | check_capstone_completion_mask, check_capstone_sampler, check_capstone_logps, |
+| | | check_capstone_advantages, check_capstone_loss, check_capstone_gradients, |
+| | | check_capstone_update, check_capstone_learns, check_capstone_own_code |
 """
 
 from minigrpo.grading.cases import (  # noqa: F401 (imported to register their checks)
     advantages,
     aggregation,
+    capstone,
     completion_mask,
     dynamic_sampling,
     failure_modes,
