@@ -302,6 +302,7 @@ def test_trainers_without_the_refill_refuse_it(tiny, train_dataset, refill_confi
         NoRefill(model, [even_answers_vary], refill_config, train_dataset, processing_class=tokenizer)
     monkeypatch.setattr("minigrpo.trainer.distributed.is_distributed", lambda: True)
     monkeypatch.setattr("minigrpo.trainer.distributed.check_config", lambda config: None)
+    monkeypatch.setattr("minigrpo.trainer.distributed.check_same_config", lambda config: None)
     with pytest.raises(NotImplementedError, match="does not run under torchrun"):
         GRPOTrainer(model, [even_answers_vary], refill_config, train_dataset, processing_class=tokenizer)
 
