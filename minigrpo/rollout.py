@@ -21,6 +21,7 @@ torch.manual_seed(s) before a call still makes it reproducible.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import threading
 from dataclasses import dataclass
@@ -31,7 +32,6 @@ from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
     MinPLogitsWarper,
-    RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -185,7 +185,8 @@ def generation_config_for(config, model, tokenizer, greedy: bool = False) -> Gen
 
     Built from scratch on purpose: Qwen2.5-Instruct's own generation_config
     samples with top_k=20, top_p=0.8 and repetition_penalty=1.05. `generate`
-    fills in only the fields we leave None, and top_k / top_p only act when it
+    fills in only the fields we leave None (generate_completions tells
+    transformers 4.x to do the same), and top_k / top_p only act when it
     samples, which it never does here.
     """
     options = dict(
@@ -236,7 +237,7 @@ def sampling_warpers(config, prompt_mask: torch.Tensor) -> LogitsProcessorList:
     if config.repetition_penalty != 1.0:
         left_padding = (prompt_mask == 0).sum(dim=1)  # (N,)
         penalty = float(config.repetition_penalty)  # transformers refuses an int
-        warpers.append(RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=left_padding))
+        warpers.append(RepetitionPenalty(penalty, left_padding))
     if config.temperature != 1.0:
         warpers.append(TemperatureLogitsWarper(config.temperature))
     if config.top_k != 0:
@@ -246,6 +247,40 @@ def sampling_warpers(config, prompt_mask: torch.Tensor) -> LogitsProcessorList:
     if config.min_p:
         warpers.append(MinPLogitsWarper(config.min_p))
     return warpers
+
+
+class RepetitionPenalty(LogitsProcessor):
+    """CTRL's repetition penalty, as transformers 5 applies it, with each row's left padding not counted as text.
+
+    Every token already in a row (its prompt and its completion so far) gets
+    its score divided by `penalty` where the score is positive and multiplied
+    by it where negative, so penalty > 1 makes repeating less likely. The
+    padding in front of a shorter prompt is not text the model has seen: its
+    positions are left out, as transformers 5's `generate` leaves them out
+    (`RepetitionPenaltyLogitsProcessor(prompt_ignore_length=...)` with a tensor,
+    which transformers 4.x lacks; minigrpo supports both).
+
+    Symbol        | Shape  | Description
+    --------------|--------|------------------------------------------------
+    left_padding  | (N,)   | number of padding positions in front of each row
+    input_ids     | (N, L) | the rows so far: left-padded prompt, then completion
+    scores        | (N, V) | next-token scores
+    """
+
+    def __init__(self, penalty: float, left_padding: torch.Tensor):
+        self.penalty = penalty
+        self.left_padding = left_padding
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        vocab_size = scores.shape[-1]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (L,)
+        is_padding = positions[None, :] < self.left_padding.to(input_ids.device)[:, None]  # (N, L)
+        # Padding (and any id the head cannot produce) points at one extra column, dropped at the end.
+        seen = input_ids.masked_fill(is_padding, vocab_size).clamp(max=vocab_size)  # (N, L)
+        scores = torch.nn.functional.pad(scores, (0, 1))  # (N, V + 1)
+        seen_scores = scores.gather(1, seen)  # (N, L)
+        penalized = torch.where(seen_scores < 0, seen_scores * self.penalty, seen_scores / self.penalty)
+        return scores.scatter(1, seen, penalized)[:, :vocab_size]  # (N, V)
 
 
 class GroupSeededSampling(LogitsProcessor):
@@ -318,6 +353,10 @@ def generate_completions(
     with precision_context(prompt_ids.device, config.bf16):
         generation_config = generation_config_for(config, model, tokenizer, greedy)
         options = {}
+        if "use_model_defaults" in inspect.signature(model.generate).parameters:
+            # transformers 4.50-4.57 replace a field left at its global default (repetition_penalty 1.0, top_k
+            # 50) by the model's own (Qwen's 1.05, 20); 5.x fills in only the fields left None.
+            options["use_model_defaults"] = False
         if not greedy:
             if group_seeds is None:
                 group_seeds = torch.randint(0, 2**62, (len(prompt_ids) // num_generations,)).tolist()  # (B,)
