@@ -412,12 +412,7 @@ def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
     if not enabled:
-        name = (
-            "is_activation_checkpointing"
-            if hasattr(model, "is_activation_checkpointing")
-            else "is_gradient_checkpointing"
-        )
-        if getattr(model, name):
+        if gradient_checkpointing_is_on(model):
             disable()
         return
     if not model.get_input_embeddings().weight.requires_grad:  # frozen embeddings (LoRA)
@@ -427,6 +422,14 @@ def set_gradient_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers < 5.x
         enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def gradient_checkpointing_is_on(model: PreTrainedModel) -> bool:
+    """Whether activation checkpointing is on (transformers 5 names it `is_activation_checkpointing`, 4.x
+    `is_gradient_checkpointing`)."""
+    if hasattr(model, "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

@@ -8,6 +8,7 @@ from minigrpo.models import (
     autocast_dtype,
     build_tiny_model,
     build_tiny_tokenizer,
+    gradient_checkpointing_is_on,
     make_reference_model,
     native_bf16,
     set_gradient_checkpointing,
@@ -77,8 +78,8 @@ def test_gradient_checkpointing_same_gradients_and_off_for_the_reference():
 
     plain = gradient()
     set_gradient_checkpointing(model, True)
-    assert model.is_activation_checkpointing
-    assert not make_reference_model(model).is_activation_checkpointing  # it never runs a backward pass
+    assert gradient_checkpointing_is_on(model)
+    assert not gradient_checkpointing_is_on(make_reference_model(model))  # it never runs a backward pass
     torch.testing.assert_close(gradient(), plain, rtol=1e-5, atol=1e-6)
     set_gradient_checkpointing(model, False)
-    assert not model.is_activation_checkpointing
+    assert not gradient_checkpointing_is_on(model)
