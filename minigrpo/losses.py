@@ -1,6 +1,7 @@
 """Stage 4: the GRPO objective, one equation per function.
 
-DeepSeekMath's objective (arXiv 2402.03300, eq. 3), to be *maximised*:
+DeepSeekMath's objective (arXiv 2402.03300, eq. 3), to be *maximised*, with DAPO's two clip
+bounds (the paper has one epsilon, eps_low = eps_high; DAPO, arXiv 2503.14476, section 3.1, raises the upper one):
 
     J = mean_i (1/|o_i|) sum_t [ min(rho_it A_i, clip(rho_it, 1-eps_low, 1+eps_high) A_i) - beta KL_it ]
 
