@@ -85,7 +85,7 @@ class NotebookReport:
     path: str
     checks: list[dict] = field(default_factory=list)
     status: str = "ok"  # ok | timed out | kernel died | unreadable
-    seconds: float = 0.0
+    seconds: float = 0.0  # running the notebook and judging its checks
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the grader left out (output over its caps): no points lost
 
@@ -373,7 +373,6 @@ async def _grade_notebook(
             report.status = "kernel died"
             report.errors.append(f"the kernel died: {last_traceback_line(error)}")
         interrupts.check()  # a signal, which nbclient may have reported as a dead kernel
-        report.seconds = time.monotonic() - started
         client.kc.stop_channels()  # what the kernel prints while the judge calls it is read by no one
         if alive(kernel_pid) and _check_cells_ran(nb):
             try:
@@ -385,6 +384,7 @@ async def _grade_notebook(
         kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
         shutil.rmtree(folder, ignore_errors=True)
         await kernels.stop_kernel(client)
+    report.seconds = time.monotonic() - started  # the notebook's run and the judging of its checks (which may train)
     for cell in nb.cells:
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
             if output.get("output_type") == "error" and output["ename"] != "NotImplementedError":
