@@ -1,12 +1,11 @@
 """Measure the capstone's learning bar: the package's own GRPOTrainer on the learning check's run, seed by seed.
 
-    python scripts/capstone_bar.py            # the full check (CAPSTONE_LEARNING["full"]), seeds 0-4
-    python scripts/capstone_bar.py --quick    # the quick check (MINIGRPO_QUICK, as the grader runs by default)
+    python scripts/capstone_bar.py            # seeds 0-4
     python scripts/capstone_bar.py --seeds 0 1 2 3 4 5 6 7
 
-Prints the greedy accuracy (full: on 200 held-out problems; quick: on the 16 problems it trains on) before and
-after each seed's run, its rise and its time, then the worst rise: exercise 15's bar
-(minigrpo.grading.labs.CAPSTONE_LEARNING) must sit below it. One thread per run, as the grader runs the tiny model.
+Prints the greedy accuracy on 200 held-out problems before and after each seed's run, its rise and its time, then
+the worst rise: exercise 15's bar (minigrpo.grading.labs.CAPSTONE_LEARNING) must sit below it. One thread per run,
+as the grader runs the tiny model.
 """
 
 from __future__ import annotations
@@ -19,13 +18,11 @@ from minigrpo.grading.labs import CAPSTONE_LEARNING, reference_learning_run
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the quick check's run (the grader's default)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     args = parser.parse_args(argv)
-    mode = "quick" if args.quick else "full"
-    settings = CAPSTONE_LEARNING[mode]
+    settings = CAPSTONE_LEARNING
     print(
-        f"{mode}: {settings['max_steps']} steps of {settings['prompts_per_step']} prompts x G=8, lr "
+        f"{settings['max_steps']} steps of {settings['prompts_per_step']} prompts x G=8, lr "
         f"{settings['learning_rate']:g}, accuracy on {settings['eval_problems']} problems of the "
         f"{settings['eval_split']!r} split"
     )
@@ -36,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         rises.append(after - before)
         seconds = time.perf_counter() - started
         print(f"seed {seed}: {before:.3f} -> {after:.3f} ({after - before:+.3f}) in {seconds:.0f} s", flush=True)
-    print(f"worst rise {min(rises):+.3f}; the bar in CAPSTONE_LEARNING[{mode!r}] is {settings['bar']:+.3f}")
+    print(f"worst rise {min(rises):+.3f}; the bar in CAPSTONE_LEARNING is {settings['bar']:+.3f}")
     return 0
 
 

@@ -2,8 +2,8 @@
 
 The functions come from the solution notebook itself (its `def` cells); each planted mistake is one edit of that
 source, so the tests follow the notebook. Exactness checks run here, in this process, on the tiny Qwen (seconds);
-one short learning run shows a mistake that stops learning losing the learning points. The solution's own learning
-run is graded once, by tests/test_grading.py's grading of every solution.
+one short learning run (10 steps) shows a mistake that stops learning losing the learning points. The solution's own
+learning run, the graded 80 steps, runs once, in tests/test_grading.py's grading of every solution.
 """
 
 import re
@@ -15,6 +15,7 @@ import torch
 
 from minigrpo import grading
 from minigrpo.grading.framework import judged_cells
+from minigrpo.grading.labs import CAPSTONE_LEARNING
 from minigrpo.grading.own_code import stage_function_uses
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,8 +147,9 @@ def test_a_wrong_accumulation_scale_loses_the_update_points():
     assert result.points == 0 and "weights differ" in result.cases[0].message
 
 
-def test_a_flipped_advantage_stops_learning_and_loses_the_learning_points():
-    """One short learning run (the quick check under MINIGRPO_QUICK): the loop that climbs the wrong way."""
+def test_a_flipped_advantage_stops_learning_and_loses_the_learning_points(monkeypatch):
+    """The learning check on a 10-step budget (the graded one is 80): the loop that climbs the wrong way."""
+    monkeypatch.setitem(CAPSTONE_LEARNING, "max_steps", 10)
     result = grade("check_capstone_learns", solution(FLIPPED_ADVANTAGE))
     assert result.points == 0
     (case,) = result.cases
