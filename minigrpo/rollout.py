@@ -21,9 +21,11 @@ torch.manual_seed(s) before a call still makes it reproducible.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -107,24 +109,29 @@ def render_prompts(tokenizer, prompts: list) -> list[str]:
         if isinstance(prompt, str):
             texts.append(prompt)
             continue
-        with time_limit(CHAT_TEMPLATE_SECONDS, f"prompt {index}"):
+        with time_limit(CHAT_TEMPLATE_SECONDS, functools.partial(_chat_template_too_slow, index)):
             texts.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
     return texts
 
 
+def _chat_template_too_slow(index: int) -> TimeoutError:
+    return TimeoutError(
+        f"the tokenizer's chat template took more than {CHAT_TEMPLATE_SECONDS:g} s to render prompt {index}: it loops "
+        "too long. Fix tokenizer.chat_template (or use the model's original tokenizer)."
+    )
+
+
 @contextlib.contextmanager
-def time_limit(seconds: float, what: str):
-    """Raise TimeoutError if the block runs longer than `seconds` (a SIGALRM timer; only the main thread of a
-    POSIX process can set one, so elsewhere, as on Windows, the block runs unbounded)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+def time_limit(seconds: float, error: Callable[[], BaseException]):
+    """Raise error() inside the block if it runs longer than `seconds` (the chat template's bound here; the grader's
+    limit on a learner's function too). A SIGALRM timer: only the main thread of a POSIX process can set one, so
+    elsewhere (another thread, Windows), and for seconds <= 0, the block runs unbounded."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
     def expire(signum, frame):
-        raise TimeoutError(
-            f"the tokenizer's chat template took more than {seconds:g} s to render {what}: it loops too long. "
-            "Fix tokenizer.chat_template (or use the model's original tokenizer)."
-        )
+        raise error()
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -41,13 +41,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import signal
-import threading
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
+
+from minigrpo.rollout import time_limit
 
 GRADING_RUN_ENV = "MINIGRPO_GRADING_RUN"
 """Set (to a random token) in the kernels the grader starts: checks there only remember the learner's function."""
@@ -194,26 +194,6 @@ def notebook_cells() -> list[str] | None:
 
 
 # --- running cases ------------------------------------------------------------------
-@contextlib.contextmanager
-def _time_limit(seconds: float):
-    """Raise CheckTimeout in this thread after `seconds` (SIGALRM; no limit where that is unavailable)."""
-    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-    if not usable or seconds <= 0:
-        yield
-        return
-
-    def on_alarm(signum, frame):
-        raise CheckTimeout(f"took longer than {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def last_traceback_line(error: BaseException) -> str:
     """'ValueError: boom' — the last line of the traceback, what a learner reads first."""
     return traceback.format_exception_only(type(error), error)[-1].strip()
@@ -222,7 +202,7 @@ def last_traceback_line(error: BaseException) -> str:
 def run_case(case: Case, learner: Callable) -> CaseResult:
     """Run one case; any exception from the learner's code is a failed case, never a crash."""
     try:
-        with _time_limit(case.timeout):
+        with time_limit(case.timeout, lambda: CheckTimeout(f"took longer than {case.timeout:g} s")):
             case.run(learner)
     except Mismatch as wrong:
         return CaseResult(case.name, 0.0, case.points, False, str(wrong))
