@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from transformers import (
     GenerationConfig,
+    GenerationMixin,
     LogitsProcessor,
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -179,6 +180,12 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -
     positions = torch.arange(T, device=completion_ids.device).unsqueeze(0)  # (1, T)
     completion_mask = (positions <= first_eos.unsqueeze(1)).long()  # (N, T)
     return completion_mask, ~has_eos
+
+
+# transformers 4.x (4.56 among them) replaces a generation field left at its global default (repetition_penalty 1.0,
+# top_k 50) by the model's own (Qwen's 1.05, 20) unless generate gets use_model_defaults=False; 5.x fills in only the
+# fields left None, and has no such argument. Read from GenerationMixin: a PeftModel's generate takes **kwargs.
+GENERATE_HAS_USE_MODEL_DEFAULTS = "use_model_defaults" in inspect.signature(GenerationMixin.generate).parameters
 
 
 def generation_config_for(config, model, tokenizer, greedy: bool = False) -> GenerationConfig:
@@ -360,9 +367,7 @@ def generate_completions(
     with precision_context(prompt_ids.device, config.bf16):
         generation_config = generation_config_for(config, model, tokenizer, greedy)
         options = {}
-        if "use_model_defaults" in inspect.signature(model.generate).parameters:
-            # transformers 4.50-4.57 replace a field left at its global default (repetition_penalty 1.0, top_k
-            # 50) by the model's own (Qwen's 1.05, 20); 5.x fills in only the fields left None.
+        if GENERATE_HAS_USE_MODEL_DEFAULTS:
             options["use_model_defaults"] = False
         if not greedy:
             if group_seeds is None:
