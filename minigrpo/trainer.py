@@ -19,11 +19,11 @@ import time
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from transformers.trainer_utils import TrainOutput
 
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
@@ -51,6 +51,9 @@ from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
 from minigrpo.run.schedule import PromptSampler, micro_batches, resolve_max_steps
 from minigrpo.trl_compat import check_trl_keywords
+
+if TYPE_CHECKING:  # imported where train() returns: transformers.trainer_utils pulls in peft (and bitsandbytes)
+    from transformers.trainer_utils import TrainOutput
 
 
 class TrainerState:
@@ -376,6 +379,8 @@ class Trainer(CheckpointMixin):
 
     def _train_output(self, steps: int, loss_sum: float, runtime: float) -> TrainOutput:
         """TRL's (transformers') return value of train() for the `steps` optimizer steps of this call."""
+        from transformers.trainer_utils import TrainOutput  # here, not at import: it takes peft along (seconds)
+
         generations = steps / self.optimizer_steps_per_generation()
         metrics = {
             "train_runtime": round(runtime, 4),

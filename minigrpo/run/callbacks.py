@@ -23,7 +23,10 @@ evaluation and saving follow logging_steps, eval_steps and save_steps.
 
 from __future__ import annotations
 
-from transformers import TrainerCallback, TrainerControl
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used: transformers' trainer modules pull in peft (and bitsandbytes), seconds
+    from transformers import TrainerCallback, TrainerControl
 
 EVENTS = (
     "on_init_end",
@@ -41,6 +44,8 @@ class CallbackHandler:
     """The trainer's callbacks, called in order for each event; holds the shared TrainerControl."""
 
     def __init__(self, callbacks=None):
+        from transformers import TrainerControl
+
         self.callbacks: list[TrainerCallback] = []
         self.control = TrainerControl()
         for callback in callbacks or []:
@@ -65,6 +70,8 @@ class CallbackHandler:
 
     def fire(self, event: str, trainer, **kwargs) -> TrainerControl:
         """Call `event` on every callback that has it, as transformers does; returns the control flags."""
+        from transformers import TrainerControl
+
         for callback in self.callbacks:
             method = getattr(callback, event, None)
             if method is None:
