@@ -19,9 +19,9 @@ no such option). The pieces, each a small pure function:
 
 - ``informative_groups``: (B, G) rewards -> (B,) bool, the filter.
 - ``fill_batch``: the refill loop above, on any function that generates a round.
-- ``select_completions`` / ``concat_rollouts`` / ``kept_rows``: the kept rows
-  of a rollout, and rollouts of several rounds joined into one batch (padded
-  to a common width).
+- ``select_completions`` / ``kept_rows``: the kept rows of a rollout; the
+  rounds' rollouts are joined into one batch by ``Rollout.concat`` (padded to a
+  common width).
 
 The trainer composes them: ``GRPOTrainer.collect_informative_rollout`` hands
 ``fill_batch`` a function that samples and scores one round.
@@ -80,50 +80,7 @@ def fill_batch(
 def select_completions(rollout: Rollout, rows: torch.Tensor) -> Rollout:
     """The rollout restricted to the completions where `rows` (N,) bool is True (n of them, in order)."""
     assert rows.dtype == torch.bool and rows.shape == rollout.is_truncated.shape, "rows must be (N,) bool"
-    index = rows.nonzero().squeeze(1).to(rollout.prompt_ids.device)  # (n,)
-
-    def pick(tensor):
-        return None if tensor is None else tensor[index]
-
-    return Rollout(
-        prompt_ids=rollout.prompt_ids[index],  # (n, P)
-        prompt_mask=rollout.prompt_mask[index],  # (n, P)
-        completion_ids=rollout.completion_ids[index],  # (n, T)
-        completion_mask=rollout.completion_mask[index],  # (n, T)
-        is_truncated=rollout.is_truncated[index],  # (n,)
-        completions=[rollout.completions[i] for i in index.tolist()],
-        old_per_token_logps=pick(rollout.old_per_token_logps),
-        ref_per_token_logps=pick(rollout.ref_per_token_logps),
-    )
-
-
-def concat_rollouts(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
-    """Rollouts of several rounds as one, rows in order: prompts left-padded to the widest P, completions
-    right-padded to the widest T (padding is masked out: 0 in the masks and log-probs, pad_token_id in ids)."""
-    assert rollouts, "concat_rollouts needs at least one rollout"
-    P = max(r.prompt_ids.shape[1] for r in rollouts)
-    T = max(r.completion_ids.shape[1] for r in rollouts)
-
-    def join(name: str, width: int, left: bool, value: float):
-        tensors = [getattr(r, name) for r in rollouts]
-        if any(t is None for t in tensors):
-            return None
-        padded = []
-        for t in tensors:
-            missing = width - t.shape[1]
-            padded.append(torch.nn.functional.pad(t, (missing, 0) if left else (0, missing), value=value))
-        return torch.cat(padded)  # (sum n, width)
-
-    return Rollout(
-        prompt_ids=join("prompt_ids", P, left=True, value=pad_token_id),  # (N, P)
-        prompt_mask=join("prompt_mask", P, left=True, value=0),  # (N, P)
-        completion_ids=join("completion_ids", T, left=False, value=pad_token_id),  # (N, T)
-        completion_mask=join("completion_mask", T, left=False, value=0),  # (N, T)
-        is_truncated=torch.cat([r.is_truncated for r in rollouts]),  # (N,)
-        completions=[text for r in rollouts for text in r.completions],
-        old_per_token_logps=join("old_per_token_logps", T, left=False, value=0.0),
-        ref_per_token_logps=join("ref_per_token_logps", T, left=False, value=0.0),
-    )
+    return rollout.select(rows.nonzero().squeeze(1).to(rollout.prompt_ids.device))  # (n,) indices
 
 
 def kept_rows(kept: list[tuple[int, int]], round_index: int, num_groups: int, num_generations: int) -> torch.Tensor:

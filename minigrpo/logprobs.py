@@ -24,30 +24,41 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 
-def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[index] without keeping a (R, V) log-softmax tensor.
+def selective_log_softmax(
+    logits: torch.Tensor, index: torch.Tensor, with_entropy: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits)[index] without keeping a (R, V) log-softmax tensor: THE log-prob kernel.
 
-    logits: (R, V) any float dtype; index: (R,) int64 -> (R,) fp32.
-    Uses log p_k = z_k - logsumexp(z), computed in fp32.
+    Symbol        | Shape   | Description
+    --------------|---------|----------------------------------------------------
+    logits        | (R, V)  | any float dtype (any leading shape: (..., V))
+    index         | (R,)    | int64, the token whose log-prob is wanted
+    returns       | (R,)    | log p_index = z_index - logsumexp(z), in fp32
+    with_entropy  |         | also return H = -sum_v p_v log p_v, (R,) fp32
+
+    Every log-prob the package computes comes from here: lesson 02b and exercise 03
+    teach it, and the update and sampling-time scoring (pi_old, pi_ref) reach it
+    through per_token_logps, chunk by chunk of positions.
     """
     logits = logits.float()
-    picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)  # (R,)
-    return picked - torch.logsumexp(logits, dim=-1)  # (R,)
+    normalizer = torch.logsumexp(logits, dim=-1)  # (R,)
+    logps = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1) - normalizer  # (R,)
+    if not with_entropy:
+        return logps
+    log_probs = logits - normalizer.unsqueeze(-1)  # (R, V)
+    return logps, -(log_probs.exp() * log_probs).sum(-1)  # (R,), (R,)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """H = -sum_v p_v log p_v per row. (R, V) -> (R,) fp32."""
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (R, V)
-    return -(log_probs.exp() * log_probs).sum(-1)  # (R,)
+    """H = -sum_v p_v log p_v per row. (R, V) -> (R,) fp32 (the kernel's entropy; the index does not enter it)."""
+    any_token = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)  # (R,)
+    return selective_log_softmax(logits, any_token, with_entropy=True)[1]
 
 
 def _chunk_logps_and_entropy(hidden, labels, weight, bias, temperature: float):
     """Vocabulary projection of one chunk of positions. hidden (R, H), labels (R,) -> (R,), (R,)."""
-    logits = F.linear(hidden, weight, bias) / temperature  # (R, V)
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (R, V) fp32, freed after the chunk
-    logps = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (R,)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)  # (R,)
-    return logps, entropy
+    logits = F.linear(hidden, weight, bias) / temperature  # (R, V), freed after the chunk
+    return selective_log_softmax(logits, labels, with_entropy=True)
 
 
 def completion_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -96,7 +107,8 @@ def project_to_logps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The vocabulary projection, chunk by chunk: hidden (n, T, H) predicting labels (n, T) -> logps, entropy (n, T).
 
-    With gradients, each chunk is recomputed in the backward pass (activation
+    Each chunk's logits go through selective_log_softmax, the one kernel. With
+    gradients, each chunk is recomputed in the backward pass (activation
     checkpointing) so that only one chunk of (rows, V) logits ever exists.
     When everything fits in one chunk there is nothing to save by recomputing,
     and the chunk is kept instead.
@@ -120,6 +132,32 @@ def project_to_logps(
 
 
 # --- the fast path: each prompt once per group (GRPOConfig.share_prompt_prefix) -------------------
+def shares_prompt_prefix(config, rows_per_call: int) -> bool:
+    """Whether a call on `rows_per_call` group-major rows runs each prompt once per group (sampling and scoring)."""
+    G = config.num_generations
+    return config.share_prompt_prefix and rows_per_call >= G and rows_per_call % G == 0
+
+
+def prompt_cache_per_group(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int, **kwargs):
+    """Run each group's prompt once and repeat its KV cache G times: (model output of n/G rows, cache of n rows).
+
+    prompt_ids, prompt_mask: (n, P), group-major, rows b*G .. b*G+G-1 equal. Sampling prefills with it
+    (rollout.generate_completions) and scoring runs the completions on top of it (shared_prompt_per_token_logps).
+    """
+    G = num_generations
+    output = model(
+        input_ids=prompt_ids[::G],  # (n/G, P): one row per group
+        attention_mask=prompt_mask[::G],
+        position_ids=completion_position_ids(prompt_mask[::G]),
+        logits_to_keep=1,
+        use_cache=True,
+        **kwargs,
+    )
+    cache = returned_cache(output)
+    cache.batch_repeat_interleave(G)  # (n/G, ...) -> (n, ...)
+    return output, cache
+
+
 def shared_prompt_per_token_logps(
     model,
     prompt_ids: torch.Tensor,
@@ -150,16 +188,7 @@ def shared_prompt_per_token_logps(
     n, P = prompt_ids.shape
     G = num_generations
     assert n % G == 0, f"{n} rows are not whole groups of G={G}"
-    prompts = model(
-        input_ids=prompt_ids[::G],  # (n/G, P): one row per group
-        attention_mask=prompt_mask[::G],
-        position_ids=completion_position_ids(prompt_mask[::G]),
-        output_hidden_states=True,
-        logits_to_keep=1,
-        use_cache=True,
-    )
-    cache = returned_cache(prompts)
-    cache.batch_repeat_interleave(G)  # (n/G, ...) -> (n, ...)
+    prompts, cache = prompt_cache_per_group(model, prompt_ids, prompt_mask, G, output_hidden_states=True)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (n, P + T)
     completions = model(
         input_ids=completion_ids,
@@ -186,6 +215,39 @@ def returned_cache(output):
     return cache if cache is not None else output.past_key_values
 
 
+def rows_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    num_generations: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_logps of some rows (n, L) -> (n, T), (n, T), each group's prompt run once when the rows are
+    whole groups of num_generations=G > 1 (shared_prompt_per_token_logps), else the plain path."""
+    n, L = input_ids.shape
+    P, G = L - logits_to_keep, num_generations
+    if G > 1 and n % G == 0:
+        ids, mask = input_ids, attention_mask
+        return shared_prompt_per_token_logps(
+            model, ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], G, temperature, chunk_size
+        )
+    return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature, chunk_size)
+
+
+def completion_logps(model, rollout, config, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(o_t | q, o_<t) and entropy, (n, T), of a rollout's rows `rows` under `model`: the update's forward pass.
+
+    rollout: a minigrpo.rollout.Rollout (its prompt and completion ids and masks). With config.share_prompt_prefix
+    and whole groups each group's prompt runs once. Gradients flow when grad is enabled.
+    """
+    input_ids, attention_mask = rollout.input_ids[rows], rollout.attention_mask[rows]  # (n, P + T)
+    T = rollout.completion_ids.shape[1]
+    G = config.num_generations if shares_prompt_prefix(config, input_ids.shape[0]) else 1
+    return rows_logps(model, input_ids, attention_mask, T, config.temperature, config.logprob_chunk_size, G)
+
+
 @torch.no_grad()
 def batched_per_token_logps(
     model,
@@ -197,24 +259,18 @@ def batched_per_token_logps(
     chunk_size: int = 4096,
     num_generations: int = 1,
 ) -> torch.Tensor:
-    """per_token_logps without gradients, `batch_size` rows at a time (old / reference log-probs). -> (N, T)
+    """per_token_logps without gradients, `batch_size` rows at a time: pi_old and pi_ref at sampling time. -> (N, T)
 
     num_generations=G > 1 says the rows are group-major, G copies of each
     prompt: a micro-batch of whole groups then runs each prompt once
-    (shared_prompt_per_token_logps); any other micro-batch takes the plain path.
+    (rows_logps); any other micro-batch takes the plain path.
     """
-    N, L = input_ids.shape
-    P, G = L - logits_to_keep, num_generations
-    parts = []
-    for rows in (slice(i, i + batch_size) for i in range(0, N, batch_size)):
-        ids, mask = input_ids[rows], attention_mask[rows]  # (n, L)
-        if G > 1 and ids.shape[0] % G == 0:
-            logps = shared_prompt_per_token_logps(
-                model, ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], G, temperature, chunk_size
-            )[0]
-        else:
-            logps = per_token_logps(model, ids, mask, logits_to_keep, temperature, chunk_size)[0]
-        parts.append(logps)  # (n, T)
+    N = input_ids.shape[0]
+    parts = [
+        rows_logps(model, input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep,
+                   temperature, chunk_size, num_generations)[0]
+        for i in range(0, N, batch_size)
+    ]  # fmt: skip
     return torch.cat(parts)  # (N, T)
 
 

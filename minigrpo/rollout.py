@@ -26,7 +26,7 @@ import inspect
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import (
@@ -43,12 +43,16 @@ from transformers import (
 from minigrpo.logprobs import (
     batched_per_token_logps,
     cache_argument,
-    completion_position_ids,
-    per_token_logps,
-    returned_cache,
-    shared_prompt_per_token_logps,
+    completion_logps,  # noqa: F401 (the update's forward pass lives in logprobs; lessons import it from here too)
+    prompt_cache_per_group,
+    shares_prompt_prefix,
 )
 from minigrpo.models import precision_context
+
+
+def _padded(side: str):
+    """A (N, width) Rollout field, padded on `side` ("left" for prompts, "right" for completions)."""
+    return field(metadata={"padded": side})
 
 
 @dataclass
@@ -67,14 +71,14 @@ class Rollout:
     completions          | N str  | decoded completions (special tokens removed)
     """
 
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    is_truncated: torch.Tensor
-    completions: list[str]
-    old_per_token_logps: torch.Tensor | None = None
-    ref_per_token_logps: torch.Tensor | None = None
+    prompt_ids: torch.Tensor = _padded("left")
+    prompt_mask: torch.Tensor = _padded("left")
+    completion_ids: torch.Tensor = _padded("right")
+    completion_mask: torch.Tensor = _padded("right")
+    is_truncated: torch.Tensor = field()
+    completions: list[str] = field()
+    old_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
+    ref_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -88,6 +92,42 @@ class Rollout:
         """Each completion's token ids without padding (what TRL passes as completion_ids)."""
         lengths = self.completion_mask.sum(1).tolist()
         return [ids[: int(n)] for ids, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
+
+    def select(self, index: torch.Tensor) -> Rollout:
+        """The rows `index` (n,) int64, in that order: every field, the decoded texts included."""
+
+        def take(value):
+            if value is None:
+                return None
+            return [value[i] for i in index.tolist()] if isinstance(value, list) else value[index]
+
+        return Rollout(**{f.name: take(getattr(self, f.name)) for f in fields(self)})
+
+    @staticmethod
+    def concat(rollouts: list[Rollout], pad_token_id: int) -> Rollout:
+        """Several rollouts as one, rows in order: prompts left-padded to the widest P, completions right-padded to
+        the widest T (padding is masked out: 0 in the masks and log-probs, pad_token_id in ids). A field that is
+        None in any of them is None."""
+        assert rollouts, "Rollout.concat needs at least one rollout"
+
+        def join(spec):
+            values = [getattr(r, spec.name) for r in rollouts]
+            if any(v is None for v in values):
+                return None
+            if isinstance(values[0], list):
+                return [item for v in values for item in v]
+            side = spec.metadata.get("padded")
+            if side is None:
+                return torch.cat(values)  # (N,)
+            width, fill = max(v.shape[1] for v in values), pad_token_id if spec.name.endswith("_ids") else 0
+
+            def pad(v: torch.Tensor) -> torch.Tensor:
+                missing = width - v.shape[1]
+                return torch.nn.functional.pad(v, (missing, 0) if side == "left" else (0, missing), value=fill)
+
+            return torch.cat([pad(v) for v in values])  # (N, width)
+
+        return Rollout(**{spec.name: join(spec) for spec in fields(Rollout)})
 
 
 def repeat_for_group(items: list, num_generations: int) -> list:
@@ -150,13 +190,17 @@ def tokenize_prompts(
     no limit)."""
     texts = render_prompts(tokenizer, prompts)
     encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    longest = encoded["input_ids"].shape[1]
+    check_prompt_length(encoded["input_ids"].shape[1], max_prompt_length, "a prompt")
+    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+
+
+def check_prompt_length(longest: int, max_prompt_length: int | None, which: str) -> None:
+    """Refuse prompts longer than max_prompt_length (None: no limit), saying what to change. which: the prompt(s)."""
     if max_prompt_length is not None and longest > max_prompt_length:
         raise ValueError(
-            f"a prompt is {longest} tokens long but max_prompt_length={max_prompt_length}: raise "
-            f"max_prompt_length to at least {longest}, set it to None (no limit, as in TRL), or shorten the prompts."
+            f"{which} is {longest} tokens long but max_prompt_length={max_prompt_length}: raise max_prompt_length "
+            f"to at least {longest}, set it to None (no limit, as in TRL), or shorten the prompts."
         )
-    return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -383,58 +427,15 @@ def generate_completions(
     return sequences[:, prompt_ids.shape[1] :]  # (n, T)
 
 
-# --- the fast path: each prompt once per group (GRPOConfig.share_prompt_prefix) -------------------
-def shares_prompt_prefix(config, rows_per_call: int) -> bool:
-    """Whether calls on `rows_per_call` group-major rows run each prompt once per group."""
-    G = config.num_generations
-    return config.share_prompt_prefix and rows_per_call >= G and rows_per_call % G == 0
-
-
 def prefill_shared_prompts(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, num_generations: int):
-    """The KV cache of every prompt token but the last, computed once per group and repeated G times.
+    """The KV cache of every prompt token but the last, computed once per group and repeated G times
+    (GRPOConfig.share_prompt_prefix).
 
     prompt_ids, prompt_mask: (n, P), rows b*G .. b*G+G-1 equal. `generate` then
     starts from this cache: it runs the last prompt token and samples the
     G completions of each group independently, as without the cache.
     """
-    G = num_generations
-    head_ids, head_mask = prompt_ids[::G, :-1], prompt_mask[::G, :-1]  # (n/G, P-1)
-    output = model(
-        input_ids=head_ids,
-        attention_mask=head_mask,
-        position_ids=completion_position_ids(head_mask),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = returned_cache(output)
-    cache.batch_repeat_interleave(G)  # (n/G, ...) -> (n, ...)
-    return cache
-
-
-def completion_logps(model, rollout: Rollout, config, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(o_t | q, o_<t) and entropy, (n, T), of the rollout's rows `rows` under `model`.
-
-    The plain path runs prompt + completion for every row (per_token_logps);
-    with config.share_prompt_prefix each group's prompt runs once
-    (shared_prompt_per_token_logps). Gradients flow when grad is enabled.
-    """
-    prompt_ids, prompt_mask = rollout.prompt_ids[rows], rollout.prompt_mask[rows]
-    completion_ids, completion_mask = rollout.completion_ids[rows], rollout.completion_mask[rows]
-    if shares_prompt_prefix(config, prompt_ids.shape[0]):
-        return shared_prompt_per_token_logps(
-            model,
-            prompt_ids,
-            prompt_mask,
-            completion_ids,
-            completion_mask,
-            config.num_generations,
-            config.temperature,
-            config.logprob_chunk_size,
-        )
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (n, P + T)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (n, P + T)
-    T = completion_ids.shape[1]
-    return per_token_logps(model, input_ids, attention_mask, T, config.temperature, config.logprob_chunk_size)
+    return prompt_cache_per_group(model, prompt_ids[:, :-1], prompt_mask[:, :-1], num_generations)[1]
 
 
 def sample_group_rollout(

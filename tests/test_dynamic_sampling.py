@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minigrpo import GRPOConfig, GRPOTrainer, group_relative_advantages, grpo_loss
-from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, informative_groups, kept_rows, select_completions
+from minigrpo.dynamic_sampling import fill_batch, informative_groups, kept_rows, select_completions
 from minigrpo.rollout import Rollout
 from minigrpo.run.schedule import PromptSampler
 
@@ -122,7 +122,7 @@ def _rollout(n, P, T, start, with_ref=True):
 
 
 def test_concat_rollouts_pads_prompts_left_and_completions_right():
-    joined = concat_rollouts([_rollout(2, 2, 3, 100), _rollout(1, 3, 1, 200)], pad_token_id=7)
+    joined = Rollout.concat([_rollout(2, 2, 3, 100), _rollout(1, 3, 1, 200)], pad_token_id=7)
     assert joined.prompt_ids.tolist() == [[7, 100, 101], [7, 102, 103], [200, 201, 202]]
     assert joined.prompt_mask.tolist() == [[0, 0, 1], [0, 1, 1], [0, 1, 1]]
     assert joined.completion_ids.tolist() == [[100, 101, 102], [103, 104, 105], [200, 7, 7]]
@@ -190,9 +190,9 @@ def even_answers_vary(prompts, completions, completion_ids, answer, **kwargs):
 class RecordingTrainer(GRPOTrainer):
     """GRPOTrainer that records how many completions each update was given."""
 
-    def optimize(self, rollout, rewards):
+    def update(self, rollout, rewards):
         self.trained_rows = getattr(self, "trained_rows", []) + [len(rewards)]
-        return super().optimize(rollout, rewards)
+        return super().update(rollout, rewards)
 
 
 def expected_rounds(dataset, config, steps):

@@ -52,7 +52,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from minigrpo.rollout import Rollout, completion_logps
+from minigrpo.logprobs import completion_logps
+from minigrpo.rollout import Rollout
 from minigrpo.trl_compat import world_size  # K: one definition, shared with the config's batch rule
 
 
