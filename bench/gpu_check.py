@@ -146,7 +146,8 @@ def minigrpo_steps(size: dict, tokenizer, config, trainer_class=None) -> dict:
     for _ in range(size["steps"]):
         synchronize(device)
         started = time.perf_counter()
-        metrics = trainer.training_step()
+        rollout, rewards, metrics = trainer.collect_rollout()  # one step of train()'s loop: sample and score,
+        metrics.update(trainer.update(rollout, rewards))  # then update
         synchronize(device)
         times.append(time.perf_counter() - started)
         generated = metrics["completions/mean_length"] * config.num_completions

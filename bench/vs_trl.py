@@ -30,9 +30,9 @@ step is one optimizer step: prompts -> B * G completions -> rewards -> advantage
 update. Both run their real `train()` loop. TRL's: a callback blocks at the end of each step until
 the parent says "step", and a step is timed from that release to the next `on_step_end` (so TRL's
 data loading, logging bookkeeping and loop overhead count). minigrpo's: `SteppedGRPOTrainer`
-overrides the public `training_step` to wait for the parent, and a step is timed from that release
-to the start of the next step (or the end of `train()`), so its logging and loop bookkeeping count
-too. Rollout = generation + reference log-probs + rewards (+ advantages in TRL's, which minigrpo
+overrides the public `collect_rollout` (where each step of its loop begins) to wait for the parent, and a
+step is timed from that release to the start of the next step (or the end of `train()`), so its logging and
+loop bookkeeping count too. Rollout = generation + reference log-probs + rewards (+ advantages in TRL's, which minigrpo
 computes in its update: negligible). TRL's is timed by wrapping its `_generate_and_score_completions`;
 minigrpo's is its own `time/rollout` + `time/rewards` metrics. Update = the rest. The table reports
 medians over steps 3..N (steps 1-2 are warm-up: allocator, lazy optimizer state, compilation). It also
@@ -164,12 +164,12 @@ class SteppedGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.conn, self.started, self.metrics = conn, None, None
 
-    def training_step(self) -> dict:
+    def collect_rollout(self):
         self.report()
         self.conn.recv()  # "step"
         self.started, self.cpu_started = time.perf_counter(), time.process_time()
-        self.metrics = super().training_step()
-        return self.metrics
+        rollout, rewards, self.metrics = super().collect_rollout()  # the step's rollout metrics
+        return rollout, rewards, self.metrics
 
     def report(self) -> None:
         """Send the last step's figures, if a step has run since the last report."""

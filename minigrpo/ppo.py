@@ -65,6 +65,7 @@ from minigrpo.ppo_math import (  # noqa: F401 (the math is re-exported: lessons 
     prompt_share_of_variance,
 )
 from minigrpo.rollout import Rollout
+from minigrpo.run.metrics import average_metrics
 from minigrpo.run.schedule import micro_batches
 from minigrpo.trainer import Trainer
 from minigrpo.trl_compat import refuse_unknown_fields
@@ -384,13 +385,14 @@ class PPOTrainer(Trainer):
         )
 
     # --- the update -------------------------------------------------------------------------------------------
-    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+    def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         """Score the rollout once, then num_ppo_epochs passes over it in shuffled mini-batches (TRL's order).
 
         During the first critic_warmup_steps steps only the critic learns. The
-        learning-rate schedule advances once per training step, as in TRL.
+        learning rate is that of the training step (not of each mini-batch's optimizer step), as in TRL.
         """
         config = self.config
+        learning_rate = self.set_learning_rate(self.step)
         started = time.perf_counter()
         scored = self.score_rollout(rollout, rewards)
         mask = scored["mask"]
@@ -406,21 +408,17 @@ class PPOTrainer(Trainer):
         train_policy = self.step >= config.critic_warmup_steps
         num_rows = len(rollout.input_ids)
         fitted_values = torch.zeros_like(scored["old_values"])  # (N, T), the last pass's predictions
-        totals: dict[str, float] = {}
-        updates = config.num_ppo_epochs * config.num_mini_batches
+        steps = []
         for _ in range(config.num_ppo_epochs):
             order = torch.randperm(num_rows)  # the global generator: checkpointed, so a resumed run reshuffles alike
             for indices in order.chunk(config.num_mini_batches):
-                step_metrics = self.update_mini_batch(rollout, scored, indices.to(self.device), train_policy)
-                fitted_values[indices] = step_metrics.pop("values")
-                for key, value in step_metrics.items():
-                    totals[key] = totals.get(key, 0.0) + value / updates
-        metrics.update(totals)
+                steps.append(self.update_mini_batch(rollout, scored, indices.to(self.device), train_policy))
+                fitted_values[indices] = steps[-1].pop("values")
+        metrics.update(average_metrics(steps))
         # the same, after num_ppo_epochs - 1 passes of fitting on these very completions: how well it can fit them
         metrics["values/explained_variance_fitted"] = explained_variance(fitted_values, scored["returns"], mask)
-        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
+        metrics["learning_rate"] = learning_rate
         metrics["critic_warmup"] = float(not train_policy)
-        self.scheduler.step()
         return metrics
 
     def update_mini_batch(self, rollout: Rollout, scored: dict, indices: torch.Tensor, train_policy: bool) -> dict:
@@ -438,8 +436,7 @@ class PPOTrainer(Trainer):
         T = rollout.completion_ids.shape[1]
         size = min(config.per_device_train_batch_size, len(indices))
         chunks = list(range(0, len(indices), size))
-        totals: dict[str, float] = {}
-        values_seen = []
+        micro_metrics, values_seen = [], []
         self.optimizer.zero_grad(set_to_none=True)
         for start in chunks:
             rows = slice(start, start + size)
@@ -472,9 +469,9 @@ class PPOTrainer(Trainer):
                 )
             self.backward(loss / len(chunks), f"a micro-batch of {len(picked)} completions")  # stops on NaN or inf
             metrics["loss"] = loss.item()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value / len(chunks)
+            micro_metrics.append(metrics)
             values_seen.append(values.detach())
+        totals = average_metrics(micro_metrics)
         totals.update(self.clip_and_step_per_model())
         return {**totals, "values": torch.cat(values_seen)}
 

@@ -2,18 +2,18 @@
 
     prompts -> rollout (stage 1) -> rewards (2) -> advantages (3) -> loss + update (4)
 
-``Trainer`` holds what GRPO and PPO share: the loop, prompt sampling, rollout
-and reward scoring, evaluation, metrics, the loss mask, the two checks every
-update makes (``backward``: the loss is finite; ``clip_gradients``: the
-gradient norm is finite), and checkpoints (``minigrpo.run``). ``GRPOTrainer``
-adds stages 3 and 4: ``optimize`` computes the advantages and ``grpo_step``
-is one optimizer step, written out from top to bottom as nanoGPT's loop is.
-``minigrpo.ppo.PPOTrainer`` adds its critic on the same base.
+``Trainer.train`` is the loop on one screen, as nanoGPT's is: sample and score a rollout (``collect_rollout``),
+update the policy (``update``), then log, evaluate and save. What GRPO and PPO share lives in ``Trainer``:
+the loop, prompt sampling, rollout and reward scoring, evaluation, metrics, the loss mask, the learning rate of
+each step (``run.schedule.lr_at``) and the two checks every update makes (``backward``: the loss is finite;
+``clip_gradients``: the gradient norm is finite). ``GRPOTrainer.update`` is stage 3 and 4: the advantages,
+then ``grpo_step``, one optimizer step written out from top to bottom. ``minigrpo.ppo.PPOTrainer`` has its own
+``update`` on the same loop. Checkpoints and resume are ``run.resume``'s; TRL's Trainer surface (``state``,
+callbacks, metric files, ``TrainOutput``) is ``run.trl_api``'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
@@ -27,8 +27,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
-from minigrpo.dynamic_sampling import concat_rollouts, fill_batch, kept_rows, select_completions
-from minigrpo.logprobs import masked_mean
+from minigrpo.dynamic_sampling import fill_batch, kept_rows, select_completions
+from minigrpo.logprobs import completion_logps, masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
     add_adapters,
@@ -41,80 +41,19 @@ from minigrpo.models import (
     set_gradient_checkpointing,
 )
 from minigrpo.rewards import RewardExtras, RewardFunc, as_trl_completions, compute_rewards, resolve_reward_funcs
-from minigrpo.rollout import Rollout, completion_logps, render_prompts, repeat_for_group, sample_group_rollout
+from minigrpo.rollout import Rollout, check_prompt_length, render_prompts, repeat_for_group, sample_group_rollout
 from minigrpo.run import checkpoints, distributed
-from minigrpo.run.callbacks import CallbackHandler
 from minigrpo.run.checkpoints import METRICS_FILE
 from minigrpo.run.datasets import as_dataset, check_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
-from minigrpo.run.schedule import PromptSampler, micro_batches, resolve_max_steps
+from minigrpo.run.schedule import PromptSampler, lr_at, micro_batches, resolve_max_steps
+from minigrpo.run.trl_api import TrlTrainerMixin
 from minigrpo.trl_compat import check_trl_keywords
 
 if TYPE_CHECKING:  # imported where train() returns: transformers.trainer_utils pulls in peft (and bitsandbytes)
     from transformers.trainer_utils import TrainOutput
-
-
-class TrainerState:
-    """TRL's ``trainer.state`` (transformers' TrainerState), read-only: what callbacks and curriculum rewards
-    read. global_step, max_steps, epoch (fractional passes over the prompts), log_history (one dict per logged
-    step), num_input_tokens_seen (prompt + completion tokens generated so far), and the process flags."""
-
-    def __init__(self, trainer: Trainer):
-        self._trainer = trainer
-        self.best_metric = None  # transformers' fields that minigrpo does not track
-        self.best_model_checkpoint = None
-
-    @property
-    def global_step(self) -> int:
-        return self._trainer.step
-
-    @property
-    def max_steps(self) -> int:
-        return self._trainer.max_steps
-
-    @property
-    def epoch(self) -> float:
-        sampler = self._trainer.sampler
-        return round(sampler.epoch + sampler.position / sampler.dataset_size, 4)
-
-    @property
-    def log_history(self) -> list[dict]:
-        return self._trainer.history
-
-    @property
-    def num_input_tokens_seen(self) -> int:
-        return self._trainer.num_tokens
-
-    @property
-    def num_train_epochs(self) -> float:
-        return self._trainer.config.num_train_epochs
-
-    @property
-    def logging_steps(self) -> int:
-        return self._trainer.config.logging_steps
-
-    @property
-    def eval_steps(self) -> float | None:
-        return self._trainer.config.eval_steps
-
-    @property
-    def save_steps(self) -> float:
-        return self._trainer.config.save_steps
-
-    @property
-    def is_world_process_zero(self) -> bool:
-        return distributed.is_main_process()
-
-    @property
-    def is_local_process_zero(self) -> bool:
-        return distributed.is_main_process()
-
-    def to_dict(self) -> dict:
-        """What save_state writes (trainer_state.json), with transformers' key names."""
-        names = ("global_step", "max_steps", "epoch", "num_input_tokens_seen", "num_train_epochs", "logging_steps")
-        return {name: getattr(self, name) for name in names} | {"log_history": self.log_history}
 
 
 class NonFiniteError(FloatingPointError):
@@ -122,8 +61,8 @@ class NonFiniteError(FloatingPointError):
 
 
 # --- the shared loop ----------------------------------------------------------------
-class Trainer(CheckpointMixin):
-    """The loop every RL trainer here shares. Subclasses implement `optimize(rollout, rewards)`.
+class Trainer(CheckpointMixin, TrlTrainerMixin):
+    """The loop every RL trainer here shares. Subclasses implement `update(rollout, rewards)`.
 
     The signature is TRL's: ``(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)``,
     positional order included, so a TRL script runs with only its import line changed. ``model`` is a
@@ -195,21 +134,20 @@ class Trainer(CheckpointMixin):
             weight_decay=self.config.weight_decay,
         )
         # Optimizer steps taken so far, however they were taken (a hook on optimizer.step counts them):
-        # _guarded_step compares it before and after a step to know whether the weights have changed yet.
+        # checkpoint_on_failure compares it before and after a block to know whether the weights have changed.
         self.optimizer_steps = 0
         self.optimizer.register_step_post_hook(self._count_optimizer_step)
+        self.base_learning_rates = [group["lr"] for group in self.optimizer.param_groups]  # lr_at scales each
         self.sampler = PromptSampler(len(train_dataset), self.config.seed, self.config.shuffle_dataset)
-        # before the scheduler: LambdaLR calls _lr_factor(0) at once, and the linear decay needs max_steps
         self.max_steps = resolve_max_steps(self.config, len(train_dataset), self.optimizer_steps_per_generation())
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0  # optimizer steps taken (TRL's global_step)
+        self.set_learning_rate(self.step)
         self.num_tokens = 0  # prompt + completion tokens generated for training (TRL's num_tokens)
-        self._tokens_generated = 0  # this rank's, in the current step
+        self._tokens_generated = 0  # this rank's, in the current generation
         self.history: list[dict] = []
         self.completion_extras: dict[str, list] = {}  # the last generation's log_extra columns
-        self.state = TrainerState(self)
         self.output_dir = Path(self.config.output_dir)
-        self.callback_handler = CallbackHandler(callbacks)
+        self._init_trl_api(callbacks)  # trainer.state and the callback list (run.trl_api)
         self.callback_handler.fire("on_init_end", self)
 
     @property
@@ -220,16 +158,6 @@ class Trainer(CheckpointMixin):
     @property
     def _sharded(self) -> bool:
         return distributed.is_sharded(self.model)
-
-    @property
-    def args(self) -> GRPOConfig:
-        """The config, under TRL's name (``trainer.args``)."""
-        return self.config
-
-    @property
-    def processing_class(self) -> PreTrainedTokenizerBase:
-        """The tokenizer, under TRL's name (``trainer.processing_class``)."""
-        return self.tokenizer
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """Every parameter the optimizer updates (the policy's; PPOTrainer's critic too)."""
@@ -243,16 +171,12 @@ class Trainer(CheckpointMixin):
     def _count_optimizer_step(self, optimizer, args, kwargs) -> None:
         self.optimizer_steps += 1
 
-    def _lr_factor(self, step: int) -> float:
-        """Learning-rate multiplier at optimizer step `step` (0, 1, ...), as transformers' schedulers compute it
-        (get_linear_schedule_with_warmup, get_constant_schedule_with_warmup): step / W during the W warm-up steps
-        (so the first step has learning rate 0), then 1, or for "linear" a decay to 0 at max_steps."""
-        config = self.config
-        if step < config.warmup_steps:
-            return step / config.warmup_steps
-        if config.lr_scheduler_type == "linear":
-            return max(0.0, (self.max_steps - step) / max(1, self.max_steps - config.warmup_steps))
-        return 1.0
+    def set_learning_rate(self, step: int) -> float:
+        """Give every parameter group the rate of optimizer step `step`: its base rate under the schedule (lr_at).
+        Returns the policy's rate. Called before each optimizer step: the rate is a function of the step alone."""
+        for group, base_lr in zip(self.optimizer.param_groups, self.base_learning_rates, strict=True):
+            group["lr"] = lr_at(step, self.config, self.max_steps, base_lr)
+        return self.optimizer.param_groups[0]["lr"]
 
     # --- checks that fail at once ---------------------------------------------------
     def _check_inputs(self) -> None:
@@ -289,12 +213,7 @@ class Trainer(CheckpointMixin):
                     f"{name} row {lengths.index(0)}: the prompt renders to no tokens: give it some text, or drop it."
                 )
             longest = max(lengths)
-            if config.max_prompt_length is not None and longest > config.max_prompt_length:
-                raise ValueError(
-                    f"the longest prompt in {name} is {longest} tokens but max_prompt_length="
-                    f"{config.max_prompt_length}: raise max_prompt_length to at least {longest}, set it to None (no "
-                    "limit, as in TRL), or shorten the prompts."
-                )
+            check_prompt_length(longest, config.max_prompt_length, f"the longest prompt in {name}")
             context = getattr(self.model.config, "max_position_embeddings", None)
             prompt_length = config.max_prompt_length or longest
             if context is not None and prompt_length + config.max_completion_length > context:
@@ -330,25 +249,63 @@ class Trainer(CheckpointMixin):
     def train(self, resume_from_checkpoint: bool | str | None = None, allow_config_change: bool = False) -> TrainOutput:
         """Run until max_steps optimizer steps (or until a callback sets control.should_training_stop).
 
-        Returns TRL's TrainOutput(global_step, training_loss, metrics): training_loss is the mean loss of this
-        call's optimizer steps, metrics holds train_runtime, train_samples_per_second (completions),
-        train_steps_per_second, train_loss and epoch. The per-step metrics are in trainer.state.log_history.
+        Each generation: sample and score a rollout (stages 1-2), update the policy on it (stages 3-4: one or
+        more optimizer steps), then log every logging_steps, evaluate every eval_steps and save every save_steps.
+        A generation that fails before its first optimizer step, or whose logging or evaluation fails, saves the
+        state it began in, so a resumed run redoes it exactly (checkpoint_on_failure).
 
+        Returns TRL's TrainOutput(global_step, training_loss, metrics) (run.trl_api.train_output); the per-step
+        metrics are in trainer.state.log_history.
         resume_from_checkpoint: True = the newest checkpoint in output_dir that reads completely (a fresh, seeded
         run when there is none), a path = that checkpoint. allow_config_change: resume even though
         training-defining fields (learning_rate, G, beta, ...) differ from the checkpoint's run.
         Without resume, an output_dir holding an earlier run is refused unless config.overwrite_output_dir.
         output_dir is locked while training: a second trainer on it gets an error.
         """
+        config = self.config
         # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
         lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
         with lock, termination_as_interrupt():  # SIGTERM / SIGHUP save and stop as Ctrl-C does
             self._begin(resume_from_checkpoint, allow_config_change)
-            return self._train_loop()
+            self.model.train()
+            progress = self._progress_bar()
+            first_step, loss_sum, started = self.step, 0.0, time.perf_counter()
+            unlogged: list[dict] = []  # metrics of the generations since the last logged row
+            control = self.callback_handler.fire("on_train_begin", self)
+            control.should_training_stop = False
+            while self.step < self.max_steps and not control.should_training_stop:
+                before = self.step
+                self.callback_handler.fire("on_step_begin", self)
+                with self.checkpoint_on_failure(f"step {self.step + 1}"):
+                    generation_started = time.perf_counter()
+                    rollout, rewards, metrics = self.collect_rollout()  # stages 1-2: sample, score
+                    update_started = time.perf_counter()
+                    metrics.update(self.update(rollout, rewards))  # stages 3-4: advantages, loss, optimizer steps
+                    metrics["time/update"] = time.perf_counter() - update_started
+                    metrics["step_time"] = time.perf_counter() - generation_started
+                    metrics = distributed.reduce_metrics(metrics)  # this rank's -> the step's (means over ranks)
+                self.step += self.optimizer_steps_per_generation()
+                loss_sum += metrics.get("loss", 0.0) * (self.step - before)
+                unlogged.append(metrics)
+                evaluate = self._evaluation_due(before)
+                if evaluate or self._due(before, config.logging_steps):
+                    with self.checkpoint_on_failure(f"evaluating or logging step {self.step}", unlogged):
+                        self._log(average_metrics(unlogged) | (self.evaluate() if evaluate else {}))
+                    unlogged = []
+                if config.save_strategy == "steps" and self._due(before, config.save_steps):
+                    self.save_checkpoint()
+                progress.update(self.step - before)
+                progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
+                control = self.callback_handler.fire("on_step_end", self)
+                if control.should_save or (control.should_training_stop and self.step < self.max_steps):
+                    self.save_checkpoint()  # a stopped run keeps a checkpoint to resume from
+                    control.should_save = False
+            progress.close()
+            self.callback_handler.fire("on_train_end", self)
+            return self.train_output(self.step - first_step, loss_sum, time.perf_counter() - started)
 
-    def _train_loop(self) -> TrainOutput:
-        self.model.train()
-        progress = tqdm(
+    def _progress_bar(self) -> tqdm:
+        return tqdm(
             total=self.max_steps,
             initial=self.step,
             desc=type(self).__name__.removesuffix("Trainer"),
@@ -356,87 +313,6 @@ class Trainer(CheckpointMixin):
             dynamic_ncols=True,
             disable=not distributed.is_main_process(),
         )
-        self._window: list[dict] = []  # metrics of the generations since the last logged step
-        first_step, loss_sum, started = self.step, 0.0, time.perf_counter()
-        control = self.callback_handler.fire("on_train_begin", self)
-        control.should_training_stop = False
-        while self.step < self.max_steps and not control.should_training_stop:
-            before = self.step
-            self.callback_handler.fire("on_step_begin", self)
-            metrics = self._guarded_step()  # one generation and its optimizer steps
-            self.step += self.optimizer_steps_per_generation()
-            loss_sum += metrics.get("loss", 0.0) * (self.step - before)
-            self._guarded_finish(before, metrics)
-            progress.update(self.step - before)
-            progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
-            control = self.callback_handler.fire("on_step_end", self)
-            if control.should_save or (control.should_training_stop and self.step < self.max_steps):
-                self.save_checkpoint()  # a stopped run keeps a checkpoint to resume from
-                control.should_save = False
-        progress.close()
-        self.callback_handler.fire("on_train_end", self)
-        return self._train_output(self.step - first_step, loss_sum, time.perf_counter() - started)
-
-    def _train_output(self, steps: int, loss_sum: float, runtime: float) -> TrainOutput:
-        """TRL's (transformers') return value of train() for the `steps` optimizer steps of this call."""
-        from transformers.trainer_utils import TrainOutput  # here, not at import: it takes peft along (seconds)
-
-        generations = steps / self.optimizer_steps_per_generation()
-        metrics = {
-            "train_runtime": round(runtime, 4),
-            "train_samples_per_second": round(generations * self.config.num_completions / max(runtime, 1e-9), 3),
-            "train_steps_per_second": round(steps / max(runtime, 1e-9), 3),
-            "train_loss": loss_sum / steps if steps else 0.0,
-            "epoch": self.state.epoch,
-        }
-        return TrainOutput(self.step, metrics["train_loss"], metrics)
-
-    def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
-        path = super().save_checkpoint(rng_state, sampler_state)
-        self.callback_handler.fire("on_save", self)
-        return path
-
-    # --- TRL's (transformers') helpers ----------------------------------------------
-    def add_callback(self, callback) -> None:
-        """Add a transformers TrainerCallback (instance or class), as Trainer.add_callback."""
-        self.callback_handler.add(callback)
-
-    def pop_callback(self, callback):
-        """Remove and return a callback (an instance, or the first of a class); None when absent."""
-        return self.callback_handler.pop(callback)
-
-    def remove_callback(self, callback) -> None:
-        self.callback_handler.pop(callback)
-
-    def log_metrics(self, split: str, metrics: dict) -> None:
-        """Print `metrics` as a table, as transformers' Trainer.log_metrics (rank 0 only)."""
-        if not distributed.is_main_process():
-            return
-        print(f"***** {split} metrics *****")
-        width = max((len(key) for key in metrics), default=0)
-        for key in sorted(metrics):
-            print(f"  {key:<{width}} = {metrics[key]}")
-
-    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
-        """Write <output_dir>/<split>_results.json (and merge it into all_results.json), as transformers does."""
-        if not distributed.is_main_process():
-            return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        # checkpoints.dumps, as metrics.jsonl: a NaN metric is written as null, so the file stays valid JSON
-        (self.output_dir / f"{split}_results.json").write_text(
-            checkpoints.dumps(metrics, indent=4, sort_keys=True) + "\n"
-        )
-        if combined:
-            path = self.output_dir / "all_results.json"
-            combined_metrics = json.loads(path.read_text()) if path.exists() else {}
-            path.write_text(checkpoints.dumps({**combined_metrics, **metrics}, indent=4, sort_keys=True) + "\n")
-
-    def save_state(self) -> None:
-        """Write <output_dir>/trainer_state.json: step, epoch and log history, as transformers' save_state."""
-        if not distributed.is_main_process():
-            return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / "trainer_state.json").write_text(checkpoints.dumps(self.state.to_dict()) + "\n")
 
     def optimizer_steps_per_generation(self) -> int:
         """Optimizer steps each generation makes (the step counter advances by this). GRPO: num_iterations x
@@ -449,64 +325,26 @@ class Trainer(CheckpointMixin):
         every = math.ceil(every * self.max_steps) if 0 < every < 1 else int(every)
         return self.step >= self.max_steps or (every > 0 and self.step // every > before // every)
 
-    def _guarded_step(self) -> dict:
-        """One training step. If it fails before the first optimizer.step, the state as it was
-        when the step began is saved, so a resumed run continues exactly (nothing is lost)."""
-        start = {"rng": checkpoints.rng_state(), "sampler": self.sampler.state_dict()}
-        steps_before = self.optimizer_steps
-        try:
-            return self.training_step()
-        except BaseException as error:
-            weights_changed = self.optimizer_steps != steps_before  # then the start state no longer fits them
-            if not weights_changed and self.step > 0 and distributed.stopped_together(error):
-                self._save_after_failure(f"step {self.step + 1}", start["rng"], start["sampler"])
-            raise
-
-    def _guarded_finish(self, before: int, metrics: dict) -> None:
-        """Log (every logging_steps, averaging the generations in between), evaluate and save after the
-        generation that took the optimizer steps (before, self.step]. If evaluation or logging fails, the state
-        right after the step (its training metrics logged, without evaluation) is saved, so a resume starts at
-        the next step."""
+    def _evaluation_due(self, before: int) -> bool:
+        """Evaluate after this generation? (eval_steps, or logging_steps when it is None, as in TRL)"""
         config = self.config
-        after = {"rng": checkpoints.rng_state(), "sampler": self.sampler.state_dict()}
-        self._window.append(metrics)
-        try:
-            eval_every = config.eval_steps if config.eval_steps is not None else config.logging_steps
-            evaluate = (
-                config.eval_strategy == "steps" and self.eval_dataset is not None and self._due(before, eval_every)
-            )
-            if evaluate or self._due(before, config.logging_steps):
-                logged = average_metrics(self._window)
-                if evaluate:
-                    logged.update(self.evaluate())
-                self._log(logged)
-                self._window = []
-        except BaseException:
-            if not self.history or self.history[-1]["step"] != self.step:
-                self.history.append({"step": self.step, **average_metrics(self._window)})  # rewritten on resume
-            self._save_after_failure(f"evaluating or logging step {self.step}", after["rng"], after["sampler"])
-            raise
-        if config.save_strategy == "steps" and self._due(before, config.save_steps):
-            self.save_checkpoint()
+        every = config.eval_steps if config.eval_steps is not None else config.logging_steps
+        return config.eval_strategy == "steps" and self.eval_dataset is not None and self._due(before, every)
 
-    def training_step(self) -> dict:
-        """Stages 1-2 (shared), then the subclass's update. Returns the step's metrics."""
-        started = time.perf_counter()
+    # --- stages 1-2: sample and score -------------------------------------------------
+    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """Stages 1-2: B prompts -> N completions -> rewards (N,), with the rollout metrics; with
+        config.dynamic_sampling, DAPO's refill (collect_informative_rollout). Under torchrun a rank that fails
+        here stops every rank."""
         self._tokens_generated = 0
-        with distributed.fail_together("the rollout"):  # a rank that fails here stops every rank
-            rollout, rewards, metrics = self.collect_rollout()
+        with distributed.fail_together("the rollout"):
+            if self.config.dynamic_sampling:
+                rollout, rewards, metrics = self.collect_informative_rollout()
+            else:
+                rollout, rewards_per_func, rewards, metrics = self.generate_and_score(self.config.prompts_per_step)
+                metrics.update(self.rollout_metrics(rollout, rewards_per_func, rewards))
         # after fail_together, never inside it: every rank must reach this collective, or none
         self.num_tokens += distributed.global_sum(torch.tensor(self._tokens_generated))
-        updated = time.perf_counter()
-        metrics.update(self.optimize(rollout, rewards))
-        metrics["time/update"] = time.perf_counter() - updated
-        metrics["step_time"] = time.perf_counter() - started
-        return distributed.reduce_metrics(metrics)  # this rank's -> the step's (means over ranks)
-
-    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2: B prompts -> N completions -> rewards (N,). Also the rollout metrics."""
-        rollout, rewards_per_func, rewards, metrics = self.generate_and_score(self.config.prompts_per_step)
-        metrics.update(self.rollout_metrics(rollout, rewards_per_func, rewards))
         return rollout, rewards.to(self.device), metrics
 
     def generate_and_score(
@@ -541,7 +379,7 @@ class Trainer(CheckpointMixin):
             extras,
         )
         self.completion_extras = extras.extra_columns
-        # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in training_step
+        # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in collect_rollout
         self._tokens_generated += int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(extras.metric_means())  # what the reward functions logged with log_metric
@@ -552,9 +390,6 @@ class Trainer(CheckpointMixin):
         metrics = reward_metrics(rewards_per_func, rewards, self.reward_funcs, self.config.num_generations)
         metrics.update(completion_metrics(rollout, self.config.num_generations))
         return metrics
-
-    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
-        raise NotImplementedError
 
     def evaluate(self, eval_dataset=None) -> dict:
         """Greedy accuracy on the held-out set (eval_dataset, or the trainer's): TRL's eval_reward and
@@ -627,6 +462,50 @@ class Trainer(CheckpointMixin):
             )
         return norm
 
+    # --- DAPO's dynamic sampling (GRPOTrainer: supports_dynamic_sampling) ------------------------
+    def collect_informative_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
+        """DAPO's refill: rounds of B prompts until B groups whose rewards are not all equal are kept
+        (dynamic_sampling.fill_batch), at most max_num_gen_batches rounds; fewer groups when they run out.
+        Returns the kept rollout, its rewards (N_kept,) and the metrics.
+
+        The usual metrics (reward, frac_reward_zero_std, completions/...) are over every generated group, so they
+        describe the policy as a run without dynamic sampling would; time/rollout and time/rewards add up the
+        rounds; dynamic_sampling/* say what the refill cost and what was trained on.
+        """
+        config = self.config
+        B, G = config.prompts_per_step, config.num_generations
+        rounds = []  # (rollout, rewards_per_func, rewards, timing) of each round
+
+        def generate_round() -> torch.Tensor:
+            rounds.append(self.generate_and_score(B, first_group=len(rounds) * B))  # round r: groups rB .. rB+B-1
+            return group_rewards(rounds[-1][2], G)  # (B, G)
+
+        kept, num_rounds = fill_batch(generate_round, B, config.max_num_gen_batches)
+        generated = Rollout.concat([r[0] for r in rounds], self.tokenizer.pad_token_id or 0)  # rounds * N rows
+        rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
+        rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
+        rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
+        metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
+        metrics.update(average_metrics([r[3] for r in rounds]))  # what reward functions logged: over the rounds
+        for key in ("time/rollout", "time/rewards"):
+            metrics[key] = sum(r[3][key] for r in rounds)
+        metrics.update(
+            {
+                "dynamic_sampling/rounds": num_rounds,
+                "dynamic_sampling/groups_generated": num_rounds * B,
+                "dynamic_sampling/groups_kept": len(kept),
+                "dynamic_sampling/kept_fraction": len(kept) / (num_rounds * B),
+            }
+        )
+        if kept:
+            metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
+        return select_completions(generated, rows), rewards[rows], metrics
+
+    # --- stages 3-4: the algorithm's own update ----------------------------------------
+    def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+        """Stages 3-4 on one generation's rollout and rewards (N,): the optimizer steps; returns their metrics."""
+        raise NotImplementedError
+
 
 # --- GRPO -------------------------------------------------------------------------
 class GRPOTrainer(Trainer):
@@ -646,9 +525,12 @@ class GRPOTrainer(Trainer):
     supports_distributed = True
     supports_dynamic_sampling = True
 
-    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+    def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         """Stage 3, the advantages, then stage 4: num_iterations passes over the rollout, each pass one optimizer
-        step per slice of whole groups (one slice unless TRL's batch fields ask for several)."""
+        step (grpo_step) per slice of whole groups (one slice unless TRL's batch fields ask for several).
+
+        pi_old is the policy that sampled the rollout: its log-probs were stored with it when a later step will be
+        off-policy (rollout.old_per_token_logps); on the first pass the ratio is exactly 1."""
         config = self.config
         if rewards.numel() == 0:  # dynamic sampling kept no group: no signal to follow, no optimizer step
             return {"loss": 0.0, "grad_norm": 0.0}
@@ -661,22 +543,27 @@ class GRPOTrainer(Trainer):
         N = len(advantages)
         step_slices = micro_batches(N, N * config.gradient_accumulation_steps // config.steps_per_generation)
         steps = [
-            self.grpo_step(rollout, advantages, loss_mask, rows)
-            for _ in range(config.num_iterations)
-            for rows in step_slices
+            self.grpo_step(rollout, advantages, loss_mask, rows, lr_step=self.step + i)
+            for i, rows in enumerate(step_slices * config.num_iterations)
         ]
         metrics.update(average_metrics(steps))
         return metrics
 
     def grpo_step(
-        self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor, step_rows: slice = slice(None)
+        self,
+        rollout: Rollout,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        step_rows: slice = slice(None),
+        lr_step: int | None = None,
     ) -> dict:
         """One optimizer step on the rollout's rows `step_rows` (default: all N), in micro-batches.
 
         advantages: (N,) one per completion; loss_mask: (N, T). For each micro-batch of
         per_device_train_batch_size rows: the policy's per-token log-probs, grpo_loss, backward (the gradients
-        add up); then clip the gradient norm, take the optimizer step, advance the schedule. Returns the
-        step's metrics (means over micro-batches), with grad_norm and learning_rate.
+        add up); then clip the gradient norm and take the optimizer step at the learning rate of optimizer step
+        `lr_step` (default: the trainer's step). Returns the step's metrics (means over micro-batches), with
+        grad_norm and learning_rate.
         """
         config = self.config
         first = step_rows.start or 0
@@ -689,7 +576,7 @@ class GRPOTrainer(Trainer):
         num_items_in_batch = distributed.step_token_count(loss_mask[step_rows])
         loss_scale = 1.0 if config.loss_type == "dapo" else 1.0 / len(micro)
         old_logps, ref_logps = rollout.old_per_token_logps, rollout.ref_per_token_logps  # (N, T) or None
-        step_loss, totals = 0.0, {}
+        step_loss, micro_metrics = 0.0, []
         self.optimizer.zero_grad(set_to_none=True)
         for i, rows in enumerate(micro):
             with self.gradient_sync(enabled=i == len(micro) - 1):  # torchrun: average gradients after the last
@@ -707,56 +594,10 @@ class GRPOTrainer(Trainer):
                 self.backward(loss * loss_scale, f"completions {rows.start}-{rows.stop - 1}")
             step_loss += loss.item() * loss_scale
             metrics["entropy"] = masked_mean(entropy.detach(), loss_mask[rows]).item()
-            for key, value in metrics.items():  # the other metrics: means over the micro-batches
-                totals[key] = totals.get(key, 0.0) + value / len(micro)
+            micro_metrics.append(metrics)
+        totals = average_metrics(micro_metrics)  # the other metrics: means over the micro-batches
         totals["loss"] = step_loss
         totals["grad_norm"] = self.clip_gradients(self.trainable_parameters(), config.max_grad_norm)
+        totals["learning_rate"] = self.set_learning_rate(self.step if lr_step is None else lr_step)
         self.optimizer.step()
-        totals["learning_rate"] = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
         return totals
-
-    # --- DAPO's dynamic sampling ---------------------------------------------------------
-    def collect_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """Stages 1-2; with config.dynamic_sampling, DAPO's refill (collect_informative_rollout)."""
-        if self.config.dynamic_sampling:
-            return self.collect_informative_rollout()
-        return super().collect_rollout()
-
-    def collect_informative_rollout(self) -> tuple[Rollout, torch.Tensor, dict]:
-        """DAPO's refill: rounds of B prompts until B groups whose rewards are not all equal are kept
-        (dynamic_sampling.fill_batch), at most max_num_gen_batches rounds; fewer groups when they run out.
-        Returns the kept rollout, its rewards (N_kept,) and the metrics.
-
-        The usual metrics (reward, frac_reward_zero_std, completions/...) are over every generated group, so they
-        describe the policy as a run without dynamic sampling would; time/rollout and time/rewards add up the
-        rounds; dynamic_sampling/* say what the refill cost and what was trained on.
-        """
-        config = self.config
-        B, G = config.prompts_per_step, config.num_generations
-        rounds = []  # (rollout, rewards_per_func, rewards, timing) of each round
-
-        def generate_round() -> torch.Tensor:
-            rounds.append(self.generate_and_score(B, first_group=len(rounds) * B))  # round r: groups rB .. rB+B-1
-            return group_rewards(rounds[-1][2], G)  # (B, G)
-
-        kept, num_rounds = fill_batch(generate_round, B, config.max_num_gen_batches)
-        generated = concat_rollouts([r[0] for r in rounds], self.tokenizer.pad_token_id or 0)  # rounds * N rows
-        rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
-        rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
-        rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
-        metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
-        metrics.update(average_metrics([r[3] for r in rounds]))  # what reward functions logged: over the rounds
-        for key in ("time/rollout", "time/rewards"):
-            metrics[key] = sum(r[3][key] for r in rounds)
-        metrics.update(
-            {
-                "dynamic_sampling/rounds": num_rounds,
-                "dynamic_sampling/groups_generated": num_rounds * B,
-                "dynamic_sampling/groups_kept": len(kept),
-                "dynamic_sampling/kept_fraction": len(kept) / (num_rounds * B),
-            }
-        )
-        if kept:
-            metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
-        return select_completions(generated, rows), rewards[rows].to(self.device), metrics

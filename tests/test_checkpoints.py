@@ -32,8 +32,8 @@ from minigrpo.run.checkpoints import (
     remove_checkpoints,
     rng_state,
     rotate_checkpoints,
-    save_checkpoint,
     set_rng_state,
+    write_checkpoint,
 )
 
 
@@ -49,23 +49,21 @@ def trained_state(seed: int):
     modules = {"model": torch.nn.Linear(3, 2), "critic": torch.nn.Linear(3, 1)}
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = torch.optim.AdamW(params, lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (step + 1))
-    for _ in range(seed + 1):  # some Adam moments and a schedule position
+    for _ in range(seed + 1):  # some Adam moments
         sum(p.sum() for p in params).backward()
         optimizer.step()
-        scheduler.step()
-    return modules, optimizer, scheduler
+    return modules, optimizer
 
 
-def save(tmp_path, step, modules, optimizer, scheduler, history=(), args=None):
-    return save_checkpoint(
-        tmp_path, step, modules, Tokenizer(), optimizer, scheduler, {"epoch": 1}, rng_state(), list(history), args
+def save(tmp_path, step, modules, optimizer, history=(), args=None):
+    return write_checkpoint(
+        tmp_path, step, modules, Tokenizer(), optimizer, {"epoch": 1}, rng_state(), list(history), args
     )
 
 
-def test_save_then_load_restores_weights_optimizer_scheduler_and_returns_the_rest(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=2)
-    path = save(tmp_path, 7, modules, optimizer, scheduler, history=[{"step": 7, "reward": 0.5}])
+def test_save_then_load_restores_weights_and_optimizer_and_returns_the_rest(tmp_path):
+    modules, optimizer = trained_state(seed=2)
+    path = save(tmp_path, 7, modules, optimizer, history=[{"step": 7, "reward": 0.5}])
     assert path == tmp_path / "checkpoint-7"
     assert {p.name for p in path.iterdir()} == {
         "model.safetensors",
@@ -77,34 +75,32 @@ def test_save_then_load_restores_weights_optimizer_scheduler_and_returns_the_res
     }
     assert not list(tmp_path.glob(".checkpoint-*"))  # the temporary folder was renamed
 
-    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=0)
-    state = load_checkpoint(path, fresh, fresh_optimizer, fresh_scheduler)
+    fresh, fresh_optimizer = trained_state(seed=0)
+    state = load_checkpoint(path, fresh, fresh_optimizer)
     for name in modules:
         for a, b in zip(modules[name].parameters(), fresh[name].parameters(), strict=True):
             assert torch.equal(a, b)
     assert str(fresh_optimizer.state_dict()) == str(optimizer.state_dict())
-    assert fresh_scheduler.state_dict() == scheduler.state_dict()
     assert state["step"] == 7 and state["sampler"] == {"epoch": 1} and state["history"] == [{"step": 7, "reward": 0.5}]
 
 
 def test_python_rng_state_survives_json_and_the_state_file_loads_without_pickle(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=1)
+    modules, optimizer = trained_state(seed=1)
     random.seed(123)
     torch.manual_seed(5)
-    path = save(tmp_path, 1, modules, optimizer, scheduler)
+    path = save(tmp_path, 1, modules, optimizer)
     expected = (random.random(), torch.rand(2))
     state = read_checkpoint(path, modules)
     set_rng_state(state["rng"])  # the state stored as JSON lists is a tuple again
     assert (random.random(), torch.rand(2))[0] == expected[0]
     tensors = torch.load(path / STATE_FILE, weights_only=True)  # tensors and plain numbers only
-    assert set(tensors) == {"optimizer", "scheduler", "rng_torch", "rng_cuda"}
-    assert tensors["scheduler"]["lr_lambdas"] is None  # the schedule is code, nothing of it is stored
+    assert set(tensors) == {"optimizer", "rng_torch", "rng_cuda"}  # the learning rate is a function of the step
     assert json.loads((path / HISTORY_FILE).read_text())["format"] == checkpoints.FORMAT
 
 
 def test_a_crafted_state_file_is_refused_and_never_run(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
-    path = save(tmp_path, 3, modules, optimizer, scheduler)
+    modules, optimizer = trained_state(seed=0)
+    path = save(tmp_path, 3, modules, optimizer)
     marker = tmp_path / "pwned"
 
     class Payload:
@@ -122,10 +118,10 @@ def test_a_crafted_state_file_is_refused_and_never_run(tmp_path):
 
 
 def test_an_old_format_checkpoint_gets_one_error_saying_what_to_do(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
-    path = save(tmp_path, 2, modules, optimizer, scheduler)
+    modules, optimizer = trained_state(seed=0)
+    path = save(tmp_path, 2, modules, optimizer)
     (path / ARGS_FILE).unlink()
-    old = {"step": 2, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "sampler": {}}
+    old = {"step": 2, "optimizer": optimizer.state_dict(), "scheduler": {"last_epoch": 2}, "sampler": {}}
     torch.save({**old, "rng": rng_state()}, path / STATE_FILE)
     (path / HISTORY_FILE).write_text(json.dumps({"step": 2, "history": []}))
     with pytest.raises(CheckpointError, match="older minigrpo.*Start a new run from its weights"):
@@ -145,12 +141,12 @@ def test_an_old_format_checkpoint_gets_one_error_saying_what_to_do(tmp_path):
     ],
 )
 def test_resume_falls_back_past_a_broken_checkpoint_and_names_it(tmp_path, file, damage, words):
-    modules, optimizer, scheduler = trained_state(seed=1)
-    save(tmp_path, 1, modules, optimizer, scheduler, history=[{"step": 1}])
+    modules, optimizer = trained_state(seed=1)
+    save(tmp_path, 1, modules, optimizer, history=[{"step": 1}])
     expected = {name: [p.detach().clone() for p in m.parameters()] for name, m in modules.items()}
     with torch.no_grad():
         modules["model"].weight.add_(1.0)
-    broken = save(tmp_path, 2, modules, optimizer, scheduler, history=[{"step": 1}, {"step": 2}])
+    broken = save(tmp_path, 2, modules, optimizer, history=[{"step": 1}, {"step": 2}])
     target = broken / file
     data = target.read_bytes()
     if damage == "truncate":
@@ -162,39 +158,39 @@ def test_resume_falls_back_past_a_broken_checkpoint_and_names_it(tmp_path, file,
     with pytest.raises(CheckpointError, match=words):
         read_checkpoint(broken, modules)
 
-    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=0)
+    fresh, fresh_optimizer = trained_state(seed=0)
     path, state, problems = find_resumable(tmp_path, fresh)
     assert path.name == "checkpoint-1" and state["step"] == 1 and state["history"] == [{"step": 1}]
     assert len(problems) == 1 and problems[0].startswith("skipped checkpoint-2:") and words.split()[0] in problems[0]
-    checkpoints.apply_checkpoint(state, fresh, fresh_optimizer, fresh_scheduler)
+    checkpoints.apply_checkpoint(state, fresh, fresh_optimizer)
     for name, params in expected.items():
         for a, b in zip(params, fresh[name].parameters(), strict=True):
             assert torch.equal(a, b)
 
 
 def test_a_broken_checkpoint_changes_nothing(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=1)
-    path = save(tmp_path, 1, modules, optimizer, scheduler)
+    modules, optimizer = trained_state(seed=1)
+    path = save(tmp_path, 1, modules, optimizer)
     (path / "critic" / "model.safetensors").write_bytes(b"")  # the last file read is the broken one
-    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=0)
+    fresh, fresh_optimizer = trained_state(seed=0)
     before = [p.detach().clone() for p in fresh["model"].parameters()]
     optimizer_before = str(fresh_optimizer.state_dict())
     with pytest.raises(CheckpointError):
-        load_checkpoint(path, fresh, fresh_optimizer, fresh_scheduler)
+        load_checkpoint(path, fresh, fresh_optimizer)
     assert all(torch.equal(a, b) for a, b in zip(before, fresh["model"].parameters(), strict=True))
     assert str(fresh_optimizer.state_dict()) == optimizer_before
 
 
 def test_a_full_disk_removes_the_temporary_folder_and_says_why_in_one_line(tmp_path, monkeypatch):
-    modules, optimizer, scheduler = trained_state(seed=0)
-    save(tmp_path, 1, modules, optimizer, scheduler)
+    modules, optimizer = trained_state(seed=0)
+    save(tmp_path, 1, modules, optimizer)
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(checkpoints.torch, "save", disk_full)  # the model is already written when it fails
     with pytest.raises(OSError) as info:
-        save(tmp_path, 2, modules, optimizer, scheduler)
+        save(tmp_path, 2, modules, optimizer)
     message = str(info.value)
     assert info.value.errno == errno.ENOSPC and "\n" not in message
     assert "could not write checkpoint-2" in message and "No space left on device" in message
@@ -202,11 +198,11 @@ def test_a_full_disk_removes_the_temporary_folder_and_says_why_in_one_line(tmp_p
 
 
 def test_non_finite_weights_are_never_written(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
+    modules, optimizer = trained_state(seed=0)
     with torch.no_grad():
         modules["critic"].bias.fill_(math.nan)
     with pytest.raises(CheckpointError, match="critic.bias holds NaN or inf"):
-        save(tmp_path, 1, modules, optimizer, scheduler)
+        save(tmp_path, 1, modules, optimizer)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -217,8 +213,8 @@ def test_metrics_json_stays_json():
 
 
 def test_history_nan_round_trips_as_null(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
-    path = save(tmp_path, 1, modules, optimizer, scheduler, history=[{"step": 1, "rewards/f/mean": math.nan}])
+    modules, optimizer = trained_state(seed=0)
+    path = save(tmp_path, 1, modules, optimizer, history=[{"step": 1, "rewards/f/mean": math.nan}])
     assert '"rewards/f/mean": null' in (path / HISTORY_FILE).read_text()
     assert math.isnan(read_checkpoint(path, modules)["history"][0]["rewards/f/mean"])
 
@@ -263,9 +259,9 @@ def test_rng_state_round_trip_replays_the_same_draws():
 
 
 def test_latest_ignores_incomplete_folders_and_rotation_keeps_the_newest(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
+    modules, optimizer = trained_state(seed=0)
     for step in (2, 10, 4):
-        save(tmp_path, step, modules, optimizer, scheduler)
+        save(tmp_path, step, modules, optimizer)
     (tmp_path / "checkpoint-99").mkdir()  # no trainer_state.pt: a copy that never finished
     for stray in ("checkpoint-backup", "checkpoint-5-old", "checkpoint-"):  # not checkpoint-<int>: ignored
         (tmp_path / stray).mkdir()
@@ -289,10 +285,10 @@ def test_latest_ignores_incomplete_folders_and_rotation_keeps_the_newest(tmp_pat
 
 
 def test_clear_errors_for_a_wrong_folder_or_a_wrong_model(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
+    modules, optimizer = trained_state(seed=0)
     with pytest.raises(CheckpointError, match="not a minigrpo checkpoint"):
-        load_checkpoint(tmp_path, modules, optimizer, scheduler)
-    path = save(tmp_path, 1, modules, optimizer, scheduler)
+        load_checkpoint(tmp_path, modules, optimizer)
+    path = save(tmp_path, 1, modules, optimizer)
     with pytest.raises(RuntimeError, match="does not match the model"):
         load_module(torch.nn.Sequential(torch.nn.Linear(3, 1)), path / "critic")  # other names
 
@@ -347,7 +343,6 @@ def _damage_json(path, change):
         (lambda p: _damage_json(p, lambda s: s.update(sampler={"epoch": 0, "position": -5})), "position is -5"),
         (lambda p: _damage_json(p, lambda s: s.update(rng_python=[3, [1, 2], None])), "generator's state is malformed"),
         (lambda p: _damage_state_file(p, lambda t: t.update(rng_torch=torch.zeros(7))), "state is malformed"),
-        (lambda p: _damage_state_file(p, lambda t: t["scheduler"].update(last_epoch=-1)), "last_epoch is -1"),
         (
             lambda p: _damage_state_file(p, lambda t: t["optimizer"]["state"][0].update(exp_avg=torch.zeros(5))),
             "of shape (5,)",
@@ -358,23 +353,36 @@ def _damage_json(path, change):
 )
 def test_a_state_that_cannot_be_applied_is_refused_before_anything_changes(tmp_path, damage, words):
     """Each part is checked before any is applied (weights and optimizer loaded, then a crash, was the old way)."""
-    modules, optimizer, scheduler = trained_state(seed=0)  # one optimizer step: the scheduler's last_epoch is 1
-    save(tmp_path, 1, modules, optimizer, scheduler)
-    broken = save(tmp_path, 2, modules, optimizer, scheduler)
+    modules, optimizer = trained_state(seed=0)
+    save(tmp_path, 1, modules, optimizer)
+    broken = save(tmp_path, 2, modules, optimizer)
     damage(broken)
-    fresh, fresh_optimizer, fresh_scheduler = trained_state(seed=1)
+    fresh, fresh_optimizer = trained_state(seed=1)
     before = str(fresh_optimizer.state_dict()), [p.detach().clone() for p in fresh["model"].parameters()]
     with pytest.raises(CheckpointError, match=re.escape(words)):
-        load_checkpoint(broken, fresh, fresh_optimizer, fresh_scheduler)
+        load_checkpoint(broken, fresh, fresh_optimizer)
     assert str(fresh_optimizer.state_dict()) == before[0]
     assert all(torch.equal(a, b) for a, b in zip(before[1], fresh["model"].parameters(), strict=True))
-    path, state, problems = find_resumable(tmp_path, fresh, fresh_optimizer, fresh_scheduler)
+    path, state, problems = find_resumable(tmp_path, fresh, fresh_optimizer)
     assert path.name == "checkpoint-1" and problems[0].startswith("skipped checkpoint-2:") and words in problems[0]
 
 
 def test_a_newer_checkpoint_format_is_called_newer(tmp_path):
-    modules, optimizer, scheduler = trained_state(seed=0)
-    path = save(tmp_path, 2, modules, optimizer, scheduler)
+    modules, optimizer = trained_state(seed=0)
+    path = save(tmp_path, 2, modules, optimizer)
     _damage_json(path, lambda s: s.update(format=checkpoints.FORMAT + 1))
-    with pytest.raises(CheckpointError, match=r"written by a newer minigrpo \(checkpoint format 3; .*upgrade minigrpo"):
+    newer = rf"written by a newer minigrpo \(checkpoint format {checkpoints.FORMAT + 1}; .*upgrade minigrpo"
+    with pytest.raises(CheckpointError, match=newer):
         read_checkpoint(path, modules)
+
+
+def test_a_format_2_checkpoint_still_resumes_and_its_scheduler_state_is_not_needed(tmp_path):
+    """Format 2 (minigrpo 0.3) also stored a learning-rate scheduler's state; the rate is now lr_at(step), so that
+    entry is ignored, even a malformed one (it can no longer break a resume)."""
+    modules, optimizer = trained_state(seed=1)
+    path = save(tmp_path, 2, modules, optimizer)
+    _damage_json(path, lambda s: s.update(format=2))
+    _damage_state_file(path, lambda t: t.update(scheduler={"last_epoch": -1, "base_lrs": None}))
+    fresh, fresh_optimizer = trained_state(seed=0)
+    state = load_checkpoint(path, fresh, fresh_optimizer)
+    assert state["step"] == 2 and str(fresh_optimizer.state_dict()) == str(optimizer.state_dict())

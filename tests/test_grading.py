@@ -437,7 +437,7 @@ def test_the_healthy_planted_bug_trainer_matches_the_package():
             ref_model=ref_model,
         )
         rollout, rewards = grading.seeded_rollout(model, tokenizer, batch, config, ref_model, 3)
-        got = trainer.optimize(rollout, rewards)
+        got = trainer.update(rollout, rewards)
     assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
 

@@ -291,11 +291,16 @@ def make_trainer(tiny, train_dataset, ppo_config, **changes):
 def test_each_step_takes_epochs_times_mini_batches_optimizer_steps_and_one_schedule_step(
     tiny, train_dataset, ppo_config
 ):
-    trainer = make_trainer(tiny, train_dataset, ppo_config, max_steps=2, num_ppo_epochs=3, num_mini_batches=2)
+    trainer = make_trainer(
+        tiny, train_dataset, ppo_config, max_steps=2, num_ppo_epochs=3, num_mini_batches=2,
+        lr_scheduler_type="linear", warmup_steps=0, logging_steps=1,
+    )  # fmt: skip
     trainer.train()
     history = trainer.state.log_history
     assert trainer.optimizer_steps == 2 * 3 * 2
-    assert trainer.scheduler.last_epoch == 2  # the learning-rate schedule counts training steps, as TRL's
+    # the learning rate follows the training step, as TRL's schedule does, not the 6 optimizer steps within it
+    rate = trainer.config.learning_rate
+    assert [row["learning_rate"] for row in history] == pytest.approx([rate, rate / 2], rel=1e-12)
     assert {"values/explained_variance", "values/explained_variance_fitted", "values/grad_norm"} <= set(history[0])
 
 
@@ -326,7 +331,8 @@ def test_critic_warmup_trains_only_the_critic(tiny, train_dataset, ppo_config):
     assert all(torch.equal(p, policy_before[n]) for n, p in trainer.model.named_parameters())
     assert not torch.equal(trainer.critic.value_head.weight, head_before)
     assert [m["critic_warmup"] for m in history] == [1.0, 1.0] and "loss/policy" not in history[0]
-    metrics = trainer.training_step()  # step index 2 >= critic_warmup_steps: the policy moves now
+    rollout, rewards, metrics = trainer.collect_rollout()  # step index 2 >= critic_warmup_steps: the policy moves now
+    metrics.update(trainer.update(rollout, rewards))
     assert metrics["critic_warmup"] == 0.0 and "loss/policy" in metrics
     assert any(not torch.equal(p, policy_before[n]) for n, p in trainer.model.named_parameters())
 

@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from minigrpo import GRPOTrainer, RewardFunctionError
+from minigrpo import GRPOConfig, GRPOTrainer, RewardFunctionError
 from minigrpo.rewards import completion_text
 from minigrpo.run.checkpoints import latest_checkpoint
-from minigrpo.run.schedule import PromptSampler
+from minigrpo.run.schedule import PromptSampler, lr_at
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
 
 
@@ -142,8 +142,8 @@ def test_a_step_that_fails_after_the_optimizer_step_saves_nothing(tiny, train_da
     model, tokenizer = tiny
 
     class FailsAfterUpdating(GRPOTrainer):
-        def optimize(self, rollout, rewards):
-            metrics = super().optimize(rollout, rewards)
+        def update(self, rollout, rewards):
+            metrics = super().update(rollout, rewards)
             if self.step == 1:
                 raise RuntimeError("after the update")
             return metrics
@@ -218,22 +218,13 @@ def test_prompt_sampler_covers_each_epoch_once_and_resumes():
     assert sampler.next_indices(7) == ahead
 
 
-def test_learning_rate_schedule(tiny, train_dataset, small_config):
-    model, tokenizer = tiny
-    config = small_config.replace(max_steps=10, warmup_steps=2, lr_scheduler_type="linear")
-    trainer = GRPOTrainer(
-        model, [correctness_reward], args=config, train_dataset=train_dataset, processing_class=tokenizer
-    )
+def test_learning_rate_schedule():
+    config = GRPOConfig(max_steps=10, warmup_steps=2, lr_scheduler_type="linear", learning_rate=1.0)
     # transformers' warm-up: step / W, so the first step has learning rate 0 (minigrpo 0.1 used (step + 1) / W)
-    assert [trainer._lr_factor(s) for s in (0, 1, 2, 6, 10)] == [0.0, 0.5, 1.0, 0.5, 0.0]
-    constant = GRPOTrainer(
-        model,
-        [correctness_reward],
-        args=small_config.replace(lr_scheduler_type="constant"),
-        train_dataset=train_dataset,
-        processing_class=tokenizer,
-    )
-    assert {constant._lr_factor(s) for s in range(10)} == {1.0}
+    assert [lr_at(s, config, 10) for s in (0, 1, 2, 6, 10)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    constant = config.replace(lr_scheduler_type="constant", warmup_steps=0)
+    assert {lr_at(s, constant, 10) for s in range(10)} == {1.0}
+    assert lr_at(4, config, 10, base_lr=3.0) == 3.0 * 0.75  # another group's base rate (PPO's critic), same factor
 
 
 def test_a_fresh_run_refuses_an_earlier_runs_folder_unless_told_to_overwrite(tiny, train_dataset, small_config):
@@ -293,9 +284,9 @@ def test_the_learning_rate_schedule_is_transformers_step_by_step(
         reference = get_linear_schedule_with_warmup(reference_optimizer, warmup_steps, config.max_steps)
     else:
         reference = get_constant_schedule_with_warmup(reference_optimizer, warmup_steps)
-    for _ in range(config.max_steps):
-        assert trainer.scheduler.get_last_lr()[0] == pytest.approx(reference.get_last_lr()[0], rel=1e-12, abs=0)
-        trainer.scheduler.step()
+    for step in range(config.max_steps):
+        assert trainer.set_learning_rate(step) == pytest.approx(reference.get_last_lr()[0], rel=1e-12, abs=0)
+        assert trainer.optimizer.param_groups[0]["lr"] == trainer.set_learning_rate(step)
         reference.step()
 
 

@@ -71,7 +71,7 @@ def small_grpo_config(output_dir: str, **overrides) -> GRPOConfig:
 
 
 def reference_grpo_steps(model, tokenizer, batches: list[dict], config, seeds: list[int]) -> tuple[list[dict], object]:
-    """The package's GRPO step (GRPOTrainer.optimize) on each batch in turn; returns its metrics and the trainer."""
+    """The package's GRPO update (GRPOTrainer.update) on each batch in turn; returns its metrics and the trainer."""
     ref_model = make_reference_model(model) if config.beta != 0 else None
     dataset = make_arithmetic_dataset(16, "train", seed=0)
     trainer = GRPOTrainer(
@@ -85,7 +85,7 @@ def reference_grpo_steps(model, tokenizer, batches: list[dict], config, seeds: l
     results = []
     for batch, seed in zip(batches, seeds, strict=True):
         rollout, rewards = seeded_rollout(model, tokenizer, batch, config, ref_model, seed)
-        metrics = trainer.optimize(rollout, rewards)
+        metrics = trainer.update(rollout, rewards)
         results.append({"loss": metrics["loss"], "reward": rewards.mean().item(), "grad_norm": metrics["grad_norm"]})
     return results, trainer
 
@@ -129,7 +129,7 @@ RUN_SEEDS = {"healthy": 0, **{run: seed for seed, run in enumerate(MYSTERY_RUNS,
 class PlantedBugTrainer(GRPOTrainer):
     """GRPOTrainer with one planted bug (or none, bug=None), logging diagnostics/* metrics.
 
-    It overrides `optimize` (the GRPO step, one micro-batch per step) so that each
+    It overrides `update` (the GRPO step, one micro-batch per step) so that each
     bug sits where it would in real code, and computes its log-probs with
     `token_logps`, written out in full so the shifted slice and the prompt in the
     mask are visible. With bug=None its loss and gradient are GRPOTrainer's.
@@ -168,7 +168,7 @@ class PlantedBugTrainer(GRPOTrainer):
         entropy = -(log_probs.exp() * log_probs).sum(-1)  # (N, T')
         return logps, entropy, mask
 
-    def optimize(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
+    def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         config = self.config
         grouped = group_rewards(rewards, config.num_generations)  # (B, G)
         scale = "batch" if self.bug == "batch_std" else config.scale_rewards
@@ -193,9 +193,9 @@ class PlantedBugTrainer(GRPOTrainer):
             loss.backward()
         metrics.update(loss=loss.item(), entropy=masked_mean(entropy.detach(), mask).item())
         metrics["grad_norm"] = self.clip_gradients(self.trainable_parameters(), config.max_grad_norm)
+        self.set_learning_rate(self.step)
         self.optimizer.step()
         metrics.update(diagnostics(logps.detach(), entropy.detach(), mask, grouped, grouped_advantages))
-        self.scheduler.step()
         return metrics
 
 
@@ -317,7 +317,7 @@ def capstone_config(output_dir: str, **overrides) -> GRPOConfig:
 def reference_capstone_update(
     model, tokenizer, rollout: Rollout, rewards: torch.Tensor, config
 ) -> RecordingGRPOTrainer:
-    """The package's update (GRPOTrainer.optimize: num_iterations optimizer steps) on `rollout`, recorded."""
+    """The package's update (GRPOTrainer.update: num_iterations optimizer steps) on `rollout`, recorded."""
     trainer = RecordingGRPOTrainer(
         model,
         [correctness_reward, format_reward],
@@ -326,7 +326,7 @@ def reference_capstone_update(
         processing_class=tokenizer,
         ref_model=make_reference_model(model),
     )
-    trainer.optimize(rollout, rewards)
+    trainer.update(rollout, rewards)
     return trainer
 
 

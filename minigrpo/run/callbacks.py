@@ -2,8 +2,8 @@
 
 A TRL script passes ``callbacks=[...]`` to the trainer (or calls ``trainer.add_callback``); each callback's
 ``on_<event>(args, state, control, **kwargs)`` is called as transformers' Trainer calls it, with
-``model``, ``processing_class``, ``optimizer`` and ``lr_scheduler`` in kwargs, ``logs`` for on_log and
-``metrics`` for on_evaluate. The events:
+``model``, ``processing_class``, ``optimizer`` and ``lr_scheduler`` (None: minigrpo's learning rate is a function
+of the step, run.schedule.lr_at) in kwargs, ``logs`` for on_log and ``metrics`` for on_evaluate. The events:
 
     on_init_end      the trainer is built
     on_train_begin   train() starts (after a resume is applied)
@@ -83,7 +83,7 @@ class CallbackHandler:
                 model=trainer.model,
                 processing_class=trainer.processing_class,
                 optimizer=trainer.optimizer,
-                lr_scheduler=trainer.scheduler,
+                lr_scheduler=None,
                 **kwargs,
             )
             if isinstance(result, TrainerControl):  # transformers lets a callback return a new control

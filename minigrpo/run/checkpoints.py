@@ -7,16 +7,17 @@ A checkpoint is a folder ``output_dir/checkpoint-{step}/``:
 | model.safetensors + config   | the policy (``save_pretrained``), loadable on its own                    |
 | tokenizer files              | the tokenizer, so the folder is a complete model                         |
 | <name>/model.safetensors     | every other trained module (PPO's critic in ``critic/``)                 |
-| trainer_state.pt             | tensors and plain numbers only: optimizer (AdamW moments), scheduler,    |
-|                              | torch's and CUDA's RNG states; read with ``torch.load(weights_only=True)`` |
+| trainer_state.pt             | tensors and plain numbers only: optimizer (AdamW moments), torch's and   |
+|                              | CUDA's RNG states; read with ``torch.load(weights_only=True)``           |
 | trainer_state.json           | step, metric history, prompt sampler, Python's RNG state (a list of ints) |
 | training_args.json           | the run's config, model and reward functions: a resume compares them     |
 | adapter_model.safetensors    | instead, for a LoRA policy: its adapters (+ adapter_config.json)          |
 
 "Exactly" means bit for bit: the same weights after steps 1..4 whether or not
 the run stopped after step 2. That needs more than the weights: AdamW's two
-moments, the learning-rate schedule's position, where the prompt sampler is in
-its epoch, and every random generator (sampling draws from them).
+moments, the step (the learning rate is a function of it, run.schedule.lr_at),
+where the prompt sampler is in its epoch, and every random generator (sampling
+draws from them).
 
 Safe to share: nothing in a checkpoint is unpickled into arbitrary objects.
 ``torch.load(weights_only=False)`` would run any code a crafted file names, so
@@ -57,7 +58,8 @@ try:  # POSIX; elsewhere (Windows) the output folder is simply not locked
 except ImportError:  # pragma: no cover
     fcntl = None
 
-FORMAT = 2  # trainer_state.json's "format"; 1 (no number) pickled Python objects into trainer_state.pt
+FORMAT = 3  # trainer_state.json's "format"; 1 (no number) pickled Python objects into trainer_state.pt
+READABLE_FORMATS = (2, 3)  # 2 also stored a learning-rate scheduler's state, which is now ignored: lr_at(step)
 STATE_FILE = "trainer_state.pt"
 HISTORY_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
@@ -347,13 +349,12 @@ def remove_checkpoints(output_dir: str | Path) -> int:
 
 
 # --- save -------------------------------------------------------------------------------------
-def save_checkpoint(
+def write_checkpoint(
     output_dir: str | Path,
     step: int,
     modules: dict[str, torch.nn.Module],
     tokenizer,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     sampler_state: dict,
     rng: dict,
     history: list[dict],
@@ -381,9 +382,6 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         tensors = {
             "optimizer": full_states[1] if full_states is not None else optimizer.state_dict(),
-            # The schedule itself is code (a function of the step), not state: LambdaLR would store a callable's
-            # __dict__ here and write it back into the function on load, so nothing is stored.
-            "scheduler": {**scheduler.state_dict(), "lr_lambdas": None},
             "rng_torch": rng["torch"],
             "rng_cuda": list(rng.get("cuda", [])),
         }
@@ -409,16 +407,15 @@ def read_checkpoint(
     path: str | Path,
     modules: dict[str, torch.nn.Module],
     optimizer: torch.optim.Optimizer | None = None,
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> dict:
     """Every file of a checkpoint-N folder, read and checked whole, without changing anything.
 
-    Returns {"step", "weights" ({module name: state dict}), "optimizer", "scheduler", "sampler", "rng" (for
+    Returns {"step", "weights" ({module name: state dict}), "optimizer", "sampler", "rng" (for
     set_rng_state), "history", "args" (run_args() of the run that wrote it)}. Raises CheckpointError naming
     the file and what is wrong: missing, truncated, garbage, written by an older or newer minigrpo, holding
     objects that would need unpickling (a crafted file: it is refused, never executed), or entries that could
-    not be applied (check_state: RNG states, step and sampler position, and, when given, the optimizer's and
-    scheduler's states against `optimizer` and `scheduler`). A checkpoint of another kind of run (LoRA
+    not be applied (check_state: RNG states, step and sampler position, and, when given, the optimizer's
+    state against `optimizer`). A checkpoint of another kind of run (LoRA
     versus full, another LoRA rank) raises RunMismatchError.
     """
     path = Path(path)
@@ -426,12 +423,12 @@ def read_checkpoint(
         raise CheckpointError(f"{path} is not a minigrpo checkpoint (no {STATE_FILE}): pass a checkpoint-N folder.")
     plain, args = _read_json(path / HISTORY_FILE), _read_json(path / ARGS_FILE, missing_ok=True)
     saved_format = plain.get("format") if isinstance(plain, dict) else None
-    if isinstance(saved_format, int) and saved_format > FORMAT:
+    if isinstance(saved_format, int) and saved_format > max(READABLE_FORMATS):
         raise CheckpointError(
             f"{path} was written by a newer minigrpo (checkpoint format {saved_format}; this one reads format "
             f"{FORMAT}): upgrade minigrpo (pip install -U minigrpo) to resume it."
         )
-    if not isinstance(plain, dict) or saved_format != FORMAT or args is None:
+    if not isinstance(plain, dict) or saved_format not in READABLE_FORMATS or args is None:
         raise CheckpointError(
             f"{path} was written by an older minigrpo (checkpoint format 1, no {ARGS_FILE}) and cannot be resumed "
             f"by this one. Start a new run from its weights instead: GRPOTrainer(model='{path}', ...) with "
@@ -449,12 +446,12 @@ def read_checkpoint(
         if tensors["rng_cuda"]:
             rng["cuda"] = tensors["rng_cuda"]
         state = {"step": int(plain["step"]), "sampler": dict(plain["sampler"]), "rng": rng}
-        state.update(optimizer=tensors["optimizer"], scheduler=tensors["scheduler"], args=args)
+        state.update(optimizer=tensors["optimizer"], args=args)
         state["history"] = _history_from_json(plain["history"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CheckpointError(f"{path} lacks or garbles an entry of its state ({_one_line(error)})") from error
     check_same_kind_of_run(path, args, modules["model"])
-    problem = check_state(state, optimizer, scheduler)
+    problem = check_state(state, optimizer)
     if problem:
         raise CheckpointError(f"{path} holds a state that cannot be applied: {problem}")
     state["weights"] = {
@@ -463,15 +460,13 @@ def read_checkpoint(
     return state
 
 
-def check_state(state: dict, optimizer=None, scheduler=None) -> str | None:
+def check_state(state: dict, optimizer=None) -> str | None:
     """What in read_checkpoint's `state` could not be applied, or None: each part is checked before any is
     applied, so a bad checkpoint changes nothing and the resume falls back to the previous one.
 
     step and the sampler's epoch and position: integers >= 0; the history: metric dicts; training_args.json: a
     dict; Python's and torch's RNG states: accepted by a scratch generator. With `optimizer`: as many parameter
-    groups and parameters as it has, each moment of its parameter's shape. With `scheduler`: last_epoch an
-    integer in 0..step (an optimizer step advances it; a step DAPO's refill skipped does not), one base rate
-    per parameter group."""
+    groups and parameters as it has, each moment of its parameter's shape."""
     step, sampler = state["step"], state["sampler"]
     if step < 0:
         return f"step {step} is negative"
@@ -492,13 +487,6 @@ def check_state(state: dict, optimizer=None, scheduler=None) -> str | None:
         problem = _optimizer_state_problem(state["optimizer"], optimizer)
         if problem:
             return f"the optimizer state {problem}"
-    if scheduler is not None:
-        saved = state["scheduler"]
-        last, base_lrs = saved.get("last_epoch"), saved.get("base_lrs")
-        if isinstance(last, bool) or not isinstance(last, int) or not 0 <= last <= step:
-            return f"the scheduler's last_epoch is {last!r}, not an integer in 0..step {step}"
-        if not isinstance(base_lrs, list) or len(base_lrs) != len(scheduler.base_lrs):
-            return f"the scheduler has base_lrs {base_lrs!r}, not one rate per parameter group"
     return None
 
 
@@ -539,10 +527,9 @@ def apply_checkpoint(
     state: dict,
     modules: dict[str, torch.nn.Module],
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     load_full_states: Callable[[dict, dict], None] | None = None,
 ) -> None:
-    """Load what read_checkpoint returned into the modules, optimizer and scheduler, in place.
+    """Load what read_checkpoint returned into the modules and the optimizer, in place.
 
     load_full_states(weights, optimizer_state): how a sharded (FSDP2) policy takes the checkpoint's
     whole-tensor states, instead of load_state_dict."""
@@ -550,7 +537,6 @@ def apply_checkpoint(
         load_full_states(state["weights"]["model"], state["optimizer"])
     else:
         optimizer.load_state_dict(state["optimizer"])  # torch checks the groups' sizes before changing anything
-    scheduler.load_state_dict({**state["scheduler"], "lr_lambdas": [None] * len(scheduler.lr_lambdas)})
     for name, module in modules.items():
         if load_full_states is None or name != "model":
             set_module_state(module, state["weights"][name])
@@ -560,22 +546,21 @@ def load_checkpoint(
     path: str | Path,
     modules: dict[str, torch.nn.Module],
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
     load_full_states: Callable[[dict, dict], None] | None = None,
 ) -> dict:
-    """Restore the modules, optimizer and scheduler in place from a checkpoint-N folder.
+    """Restore the modules and the optimizer in place from a checkpoint-N folder.
 
     Returns what the caller owns: {"step", "sampler" (state dict), "rng"
     (for set_rng_state), "history" (list of metric dicts), "args"}. Every file is
     read and checked first (read_checkpoint), so a broken checkpoint changes nothing.
     """
-    state = read_checkpoint(path, modules, optimizer, scheduler)
-    apply_checkpoint(state, modules, optimizer, scheduler, load_full_states)
+    state = read_checkpoint(path, modules, optimizer)
+    apply_checkpoint(state, modules, optimizer, load_full_states)
     return {key: state[key] for key in ("step", "sampler", "rng", "history", "args")}
 
 
 def find_resumable(
-    output_dir: str | Path, modules: dict[str, torch.nn.Module], optimizer=None, scheduler=None
+    output_dir: str | Path, modules: dict[str, torch.nn.Module], optimizer=None
 ) -> tuple[Path, dict, list[str]] | None:
     """The newest checkpoint in output_dir that reads completely: (path, read_checkpoint's state, warnings).
 
@@ -589,7 +574,7 @@ def find_resumable(
     problems = []
     for path in reversed(candidates):
         try:
-            return path, read_checkpoint(path, modules, optimizer, scheduler), problems
+            return path, read_checkpoint(path, modules, optimizer), problems
         except RunMismatchError:
             raise
         except CheckpointError as error:

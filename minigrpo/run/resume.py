@@ -23,6 +23,7 @@ from minigrpo.rewards import reward_func_name
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.checkpoints import METRICS_FILE, CheckpointError
 from minigrpo.run.distributed import tie_weights
+from minigrpo.run.metrics import average_metrics
 
 
 @contextlib.contextmanager
@@ -49,8 +50,8 @@ def termination_as_interrupt():
 
 
 class CheckpointMixin:
-    """Checkpoint, resume and save_model for ``Trainer`` (which provides config, model, optimizer, scheduler,
-    sampler, step, history, output_dir, metrics_path and _lr_factor)."""
+    """Checkpoint, resume and save_model for ``Trainer`` (which provides config, model, optimizer, sampler, step,
+    history, output_dir, metrics_path, callback_handler and optimizer_param_groups)."""
 
     def _begin(self, resume_from_checkpoint: bool | str | None, allow_config_change: bool) -> None:
         """Resume (from a path, or the newest checkpoint in output_dir that reads completely), or start fresh."""
@@ -60,10 +61,10 @@ class CheckpointMixin:
         modules = self.trainable_modules()
         if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
             path = Path(resume_from_checkpoint)
-            state = checkpoints.read_checkpoint(path, modules, self.optimizer, self.scheduler)
+            state = checkpoints.read_checkpoint(path, modules, self.optimizer)
             self._restore(path, state, allow_config_change)
             return
-        found = checkpoints.find_resumable(self.output_dir, modules, self.optimizer, self.scheduler)
+        found = checkpoints.find_resumable(self.output_dir, modules, self.optimizer)
         if found is None:
             print(f"no checkpoint in {self.output_dir} to resume: starting a fresh run (seed {self.config.seed})")
             self._start_fresh(replace=True)  # metrics without a checkpoint cannot be continued
@@ -88,9 +89,28 @@ class CheckpointMixin:
                 checkpoints.claim_logging_dir(self.metrics_path.parent, replace)
         distributed.barrier()
 
+    @contextlib.contextmanager
+    def checkpoint_on_failure(self, what: str, unlogged: list[dict] | None = None):
+        """If the block fails, save the state it began in and re-raise, so a resumed run redoes the block exactly.
+
+        The state it began in: the RNG states and the prompt sampler's position as they were then, with the weights
+        and optimizer, so only while no optimizer step has been taken inside the block (after one, that state no
+        longer fits the weights). Nothing is saved before the first step (there is nothing to resume), nor under
+        torchrun when one rank fails alone (the others are not there to save with it). `unlogged`: the metrics of
+        the steps whose logging the block was doing, kept as the step's row of the history (rewritten on resume).
+        A save that fails too is reported, and the original error is the one raised."""
+        rng, sampler, steps_before = checkpoints.rng_state(), self.sampler.state_dict(), self.optimizer_steps
+        try:
+            yield
+        except BaseException as error:
+            weights_changed = self.optimizer_steps != steps_before
+            if not weights_changed and self.step > 0 and distributed.stopped_together(error):
+                if unlogged is not None and (not self.history or self.history[-1]["step"] != self.step):
+                    self.history.append({"step": self.step, **average_metrics(unlogged)})
+                self._save_after_failure(what, rng, sampler)
+            raise
+
     def _save_after_failure(self, what: str, rng: dict, sampler: dict) -> None:
-        """Save the state of the last complete step (rng, sampler: as they were then); a save that fails too is
-        reported, and the original error is the one raised."""
         try:
             path = self.save_checkpoint(rng_state=rng, sampler_state=sampler)
         except Exception as error:
@@ -107,7 +127,8 @@ class CheckpointMixin:
         return {"model": self.model}
 
     def save_checkpoint(self, rng_state: dict | None = None, sampler_state: dict | None = None) -> Path:
-        """Write output_dir/checkpoint-{step} atomically, then keep only the newest save_total_limit.
+        """Write output_dir/checkpoint-{step} atomically, keep only the newest save_total_limit, and tell the
+        callbacks (on_save).
 
         rng_state / sampler_state: the state to resume from, when it is not the
         current one (a failed step saves the state it started from).
@@ -118,13 +139,12 @@ class CheckpointMixin:
         # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
         full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
         if distributed.is_main_process():
-            path = checkpoints.save_checkpoint(
+            path = checkpoints.write_checkpoint(
                 self.output_dir,
                 self.step,
                 self.trainable_modules(),
                 self.tokenizer,
                 self.optimizer,
-                self.scheduler,
                 sampler_state or self.sampler.state_dict(),
                 rng_state or checkpoints.rng_state(),
                 self.history,
@@ -133,6 +153,7 @@ class CheckpointMixin:
             )
             checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
         distributed.barrier()
+        self.callback_handler.fire("on_save", self)
         return path
 
     def run_args(self) -> dict:
@@ -140,9 +161,9 @@ class CheckpointMixin:
         return checkpoints.run_args(self.config, self.model, [reward_func_name(f) for f in self.reward_funcs])
 
     def load_checkpoint(self, path: str | Path, allow_config_change: bool = False) -> None:
-        """Restore model(s), optimizer, scheduler, RNG, data position and metric history; every file is read and
+        """Restore model(s), optimizer, step, RNG, data position and metric history; every file is read and
         checked first, and a run whose training-defining settings differ is refused unless allow_config_change."""
-        state = checkpoints.read_checkpoint(path, self.trainable_modules(), self.optimizer, self.scheduler)
+        state = checkpoints.read_checkpoint(path, self.trainable_modules(), self.optimizer)
         self._restore(Path(path), state, allow_config_change)
 
     def _restore(self, path: Path, state: dict, allow_config_change: bool) -> None:
@@ -161,13 +182,14 @@ class CheckpointMixin:
             load_full_states = lambda weights, optimizer_state: distributed.load_full_state_dicts(  # noqa: E731
                 self.model, self.optimizer, tie_weights(self.model, dict(weights)), optimizer_state
             )
-        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, self.scheduler, load_full_states)
+        checkpoints.apply_checkpoint(state, self.trainable_modules(), self.optimizer, load_full_states)
         if changes:
             self._apply_config_to_optimizer()
             print(f"resuming with changed settings: {'; '.join(changes)}")
         self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
+        self.set_learning_rate(self.step)  # the schedule is a function of the step: nothing else to restore
         # TRL's num_tokens goes on from the last logged count (metrics logged before num_tokens existed: 0)
         self.num_tokens = next((int(row["num_tokens"]) for row in reversed(self.history) if "num_tokens" in row), 0)
         if distributed.is_main_process():
@@ -177,16 +199,12 @@ class CheckpointMixin:
             print(f"resumed from {path} at step {self.step}")
 
     def _apply_config_to_optimizer(self) -> None:
-        """After a resume with allow_config_change: the checkpoint's optimizer state carries the old learning
-        rates, betas and weight decay; the current config's take over (the moments are kept)."""
-        fresh = self.optimizer_param_groups()
-        self.scheduler.base_lrs = [group["lr"] for group in fresh]
-        for group, new in zip(self.optimizer.param_groups, fresh, strict=True):
-            group["initial_lr"] = new["lr"]
-            group["lr"] = new["lr"] * self._lr_factor(self.scheduler.last_epoch)
+        """After a resume with allow_config_change: the checkpoint's optimizer state carries the old betas and
+        weight decay; the current config's take over (the moments are kept). The learning rate needs nothing:
+        each step sets it from the current config (set_learning_rate)."""
+        for group in self.optimizer.param_groups:
             group["betas"] = (self.config.adam_beta1, self.config.adam_beta2)
             group["weight_decay"] = self.config.weight_decay
-        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # what get_last_lr reports
 
     def save_model(self, path: str | Path | None = None, merged: bool = False) -> Path:
         """The trained policy and tokenizer, loadable with load_model_and_tokenizer(path).

@@ -1,5 +1,5 @@
 """What the training loop walks through: prompts in a seeded, resumable order, the number of optimizer steps,
-and micro-batches."""
+the learning rate of each step, and micro-batches."""
 
 from __future__ import annotations
 
@@ -70,6 +70,22 @@ def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int)
             )
         steps = math.ceil(steps)
     return math.ceil(steps / per_generation) * per_generation
+
+
+def lr_at(step: int, config: GRPOConfig, max_steps: int, base_lr: float | None = None) -> float:
+    """The learning rate of optimizer step `step` (0, 1, ...): a pure function of the step, as nanoGPT's get_lr(it),
+    so a resumed run needs nothing but its step to continue the schedule.
+
+    transformers' schedules (get_linear_schedule_with_warmup, get_constant_schedule_with_warmup): base_lr x step / W
+    during the W = warmup_steps warm-up steps (so the first step has rate 0), then base_lr, or for "linear" a decay
+    to 0 at max_steps. base_lr: config.learning_rate unless given (PPO's critic has its own).
+    """
+    base = config.learning_rate if base_lr is None else base_lr
+    if step < config.warmup_steps:
+        return base * step / config.warmup_steps
+    if config.lr_scheduler_type == "linear":
+        return base * max(0.0, (max_steps - step) / max(1, max_steps - config.warmup_steps))
+    return base
 
 
 def micro_batches(num_rows: int, size: int) -> list[slice]:
