@@ -412,11 +412,8 @@ class GRPOConfig:
     def tiny_cpu(cls, **overrides) -> GRPOConfig:
         """The bundled tiny Qwen on a laptop CPU: the default of `python -m minigrpo train`. The paper's algorithm
         (deepseekmath()) at the tiny model's sizes and learning rate, with TRL's linear decay of the rate to 0 over
-        max_steps in place of the paper's constant rate: TINY_CPU below.
-
-        The default run (`python -m minigrpo train --seed S`; 200 steps; greedy accuracy on 200 held-out problems,
-        evaluated every 25 steps): 0.430 -> 0.755 / 0.785 / 0.790 for seeds 0 / 1 / 2, each within 0.02 of its own
-        best evaluation (0.755 / 0.805 / 0.795). At the constant rate seed 0 ended at 0.615."""
+        max_steps in place of the paper's constant rate: TINY_CPU below. (What the default run reaches: README.md and
+        lesson 06.)"""
         return cls.from_preset(TINY_CPU, **overrides)
 
     @classmethod
@@ -431,10 +428,10 @@ class GRPOConfig:
         """Qwen2.5-0.5B-Instruct on a free Colab T4 (16 GB, 15 GB usable; no native bf16, so fp32 weights, fp32
         AdamW, no autocast). The paper's algorithm (deepseekmath()) at a T4's sizes: QWEN_T4 below.
 
-        fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 x 1.98 GB = 9.9 GB (9.2 GiB) before any
-        activation; micro-batches of 8 completions with gradient checkpointing keep a full step's live tensors
-        at 11.0 GiB, reached at the AdamW step (`python bench/memory.py --model qwen0.5b-shape --preset t4`:
-        completions forced to 128 tokens; rollout 6.1 GiB, update 11.0 GiB of which 1.8 GiB AdamW temporaries)."""
+        fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 copies of the weights before any
+        activation; micro-batches of 8 completions with gradient checkpointing keep a whole step within a T4's
+        memory (`python bench/memory.py --model qwen0.5b-shape --preset t4` measures it; the README's memory table
+        gives the figures)."""
         return cls.from_preset(QWEN_T4, **overrides)
 
     @classmethod
@@ -445,11 +442,10 @@ class GRPOConfig:
         learning rate 10x higher: a LoRA update B A starts at zero and is scaled by alpha / r, and the best LoRA rate
         measured in "LoRA Without Regret" (Schulman et al., 2025) was about 10x the best full fine-tuning rate, for
         every rank (1e-5 here; not swept).
-        Weights are the fp32 base (5.8 GiB) and the adapters (18.5M parameters at r=16, with their gradients
-        and AdamW moments 0.3 GiB); the reference is the base with the adapters off, no copy. Measured peak of
-        live tensors in one whole step, every completion forced to full length: 8.39 GiB (`python bench/memory.py
-        --model qwen1.5b-shape --preset lora-t4 --lora`, on a CPU; on a bf16 GPU add --fp32 to measure a T4's
-        precision), plus the CUDA context (~0.5-1 GiB) on a GPU: within 12 GiB of a T4's 15."""
+        Weights are the fp32 base and the adapters (with their gradients and AdamW moments); the reference is the
+        base with the adapters off, no copy. `python bench/memory.py --model qwen1.5b-shape --preset lora-t4 --lora`
+        measures a whole step's peak (on a bf16 GPU add --fp32 for a T4's precision); the README's memory table
+        gives the figures."""
         return cls.from_preset(QWEN1_5B_LORA_T4, **overrides)
 
 
