@@ -18,6 +18,7 @@ from minigrpo.course import COLAB_INSTALL, INSTALL_HELP, REPOSITORY_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = "NBVAL_CHECK_OUTPUT"
+PRACTICE = "## Practice: graded exercises"  # a lesson's last section; its own questions are "Questions to try"
 LESSONS = [
     "00_tour_and_setup",
     "01_policy_gradients_and_ppo",
@@ -120,14 +121,16 @@ def test_notebook_has_no_outputs_except_checked_cells(path):
 
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_shape(name):
-    """A question at the top, the course module for the setup, a Summary and exercises at the end."""
+    """A question at the top, the course module for the setup, a Summary and the graded exercises at the end."""
     nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     markdown = [cell.source for cell in nb.cells if cell.cell_type == "markdown"]
     code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
     number = name.split("_")[0]  # "03", or "02b" for a lesson placed between 02 and 03
     assert markdown[1].startswith(f"# {number} ") and "**The question.**" in markdown[1]
     assert "from minigrpo import course" in code and "course.describe()" in code
-    assert "## Summary" in markdown[-1] and "## Exercises" in markdown[-1]
+    assert "## Summary" in markdown[-1] and PRACTICE in markdown[-1]
+    headings = re.findall(r"^## .*$", "\n".join(markdown), flags=re.M)
+    assert headings[-1] == PRACTICE, f"{name}: the lesson ends with its graded exercises ({PRACTICE})"
     assert sum(CHECK in cell.source for cell in nb.cells if cell.cell_type == "code") >= 2
     for banned in ("torch.cuda.is_available", "Qwen/Qwen2.5", "MINIGRPO_QUICK"):  # course.py decides these
         assert banned not in code, f"{name}: use minigrpo.course instead of {banned}"
@@ -219,3 +222,16 @@ def test_solutions_have_no_checked_cell():
         assert not checked, (
             f"{path.name}: cells {checked} are marked # NBVAL_CHECK_OUTPUT; check those values in a test"
         )
+
+
+def test_every_exercise_is_linked_from_a_lessons_practice_section():
+    """A learner meets each graded exercise where it belongs: in the Practice section of the lesson that teaches it."""
+    linked = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        name, nb = path.stem, nbformat.read(path, as_version=4)
+        practice = [cell.source for cell in nb.cells if cell.cell_type == "markdown"][-1].split(PRACTICE, 1)[1]
+        for exercise in re.findall(r"\]\(\.\./exercises/([\w-]+)\.ipynb\)", practice):
+            assert (ROOT / "exercises" / f"{exercise}.ipynb").exists(), f"{name} links a missing exercise {exercise}"
+            linked.setdefault(exercise, []).append(name)
+    unlinked = {path.stem for path in (ROOT / "exercises").glob("*.ipynb")} - set(linked)
+    assert not unlinked, f"exercises linked from no lesson's {PRACTICE!r} section: {sorted(unlinked)}"

@@ -58,7 +58,7 @@ def without_code(markdown: str) -> str:
     return INLINE_CODE.sub(" ", text)
 
 
-EXERCISES = re.compile(r"^## Exercises\n.*?(?=^## |\Z)", re.M | re.S)
+EXERCISES = re.compile(r"^## Questions to try \(not graded\)\n.*?(?=^## |\Z)", re.M | re.S)  # the lesson's own questions
 
 
 def prose(nb) -> str:
