@@ -27,6 +27,7 @@ LESSONS = [
     "02c_rewards_and_verifiers",
     "03_group_relative_advantages",
     "04_grpo_objective",
+    "04_grpo_objective_appendix_kl_gradient",
     "08_from_minigrpo_to_trl",
 ]
 
