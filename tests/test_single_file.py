@@ -4,6 +4,7 @@ off-policy, with and without the KL term; its evaluation is the package's; its d
 imports none of the package's stages; and its fast mode runs."""
 
 import ast
+import copy
 import importlib.util
 import math
 import re
@@ -270,6 +271,33 @@ def test_evaluation_is_the_packages(fixed):
     package = evaluate_model(model, tokenizer, held_out, [correctness_reward], GRPOConfig.tiny_cpu())
     accuracy = package["eval_accuracy"]  # float32: equal to 1e-6 means the same number of problems right
     assert sf.evaluate(model, tokenizer, held_out, args) == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_a_rollout_holds_pi_old_and_pi_ref_log_probs_as_the_package_computes_them():
+    """num_iterations=2 and beta > 0: collect_rollout keeps pi_old's and pi_ref's log-probs, computed in micro-batches
+    without gradients; before any update both are the policy's own, as the package's per_token_logps gives them."""
+    model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
+    reference = copy.deepcopy(model)
+    args = sf.Args(prompts_per_step=2, num_generations=4, per_device_train_batch_size=4, num_iterations=2)
+    batch = make_arithmetic_dataset(2, "train", seed=3)[:]
+    torch.manual_seed(0)
+    rollout, rewards, accuracy = sf.collect_rollout(model, reference, tokenizer, batch, args)
+    input_ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)  # (8, P + T)
+    attention_mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
+    package = per_token_logps(model, input_ids, attention_mask, rollout.completion_ids.shape[1])[0].detach()
+    assert rollout.old_logps.shape == rollout.ref_logps.shape == package.shape == (8, rollout.completion_ids.shape[1])
+    assert (rollout.old_logps - package).abs().max() <= TOLERANCE
+    assert (rollout.ref_logps - package).abs().max() <= TOLERANCE
+    assert not rollout.old_logps.requires_grad and rewards.shape == (8,) and 0.0 <= accuracy <= 1.0
+
+
+def test_prompt_batches_visit_every_prompt_once_per_epoch():
+    batches = sf.prompt_batches(10, 4, seed=0)
+    indices = [i for _ in range(5) for i in next(batches)]  # 20 indices: two epochs
+    assert sorted(indices[:10]) == sorted(indices[10:]) == list(range(10))
+    assert indices[:10] != indices[10:]  # a fresh order each epoch
+    other_seed = sf.prompt_batches(10, 4, seed=1)
+    assert indices[:10] != [i for _ in range(3) for i in next(other_seed)][:10]  # another seed, another order
 
 
 # --- the fast mode -----------------------------------------------------------------------------------------------
