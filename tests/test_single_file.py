@@ -228,8 +228,8 @@ def package_update(trainer, rollout, advantages):
 
 @pytest.mark.parametrize("loss_type, off_policy, beta", CASES)
 def test_one_update_is_the_packages_trainer_step(fixed, loss_type, off_policy, beta, tmp_path):
-    """The whole update: micro-batches with accumulation, clipping (the gradient norm exceeds 1 here), AdamW at the
-    schedule's first rate. Same loss, same gradient norm before clipping, same gradients, same weights after."""
+    """The whole update: micro-batches with accumulation, clipping (the gradient norm exceeds max_grad_norm here),
+    AdamW at the schedule's first rate. Same loss, gradient norm before clipping, gradients and weights after."""
     args = batch_args(loss_type=loss_type, beta=beta)
     tokenizer = fixed["tokenizer"]
     old, ref = (fixed["old"] if off_policy else None), (fixed["ref"] if beta else None)
@@ -264,7 +264,7 @@ def test_one_update_is_the_packages_trainer_step(fixed, loss_type, off_policy, b
     assert max(moved) > 1e-4  # the step changed the weights
 
 
-def test_evaluation_is_the_packages(fixed):
+def test_evaluation_is_the_packages():
     model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
     held_out = make_arithmetic_dataset(48, "test", seed=0)
     args = sf.Args(eval_batch_size=32)  # two generate calls, the second of 16 prompts
