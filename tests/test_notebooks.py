@@ -26,6 +26,7 @@ LESSONS = [
     "02c_rewards_and_verifiers",
     "03_group_relative_advantages",
     "04_grpo_objective",
+    "04b_the_update_loop",
     "08_from_minigrpo_to_trl",
 ]
 
