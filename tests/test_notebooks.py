@@ -28,6 +28,7 @@ LESSONS = [
     "03_group_relative_advantages",
     "04_grpo_objective",
     "04_grpo_objective_appendix_kl_gradient",
+    "04b_the_update_loop",
     "08_from_minigrpo_to_trl",
 ]
 
