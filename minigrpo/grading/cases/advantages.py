@@ -121,5 +121,5 @@ EXERCISE = exercise(
         check_group_relative_advantages,
         check_rloo_advantages,
     ],
-    solution_seconds=20,
+    solution_seconds=60,
 )

@@ -570,5 +570,5 @@ EXERCISE = exercise(
         check_capstone_learns,
         check_capstone_own_code,
     ],
-    solution_seconds=20,
+    solution_seconds=255,
 )

@@ -173,4 +173,4 @@ def check_completion_mask(completion_mask: Callable) -> CheckResult:
     return run_check("check_completion_mask", completion_mask)
 
 
-EXERCISE = exercise("11_completion_mask", [check_completion_mask], solution_seconds=20)
+EXERCISE = exercise("11_completion_mask", [check_completion_mask], solution_seconds=55)

@@ -176,5 +176,5 @@ EXERCISE = exercise(
         check_informative_groups,
         check_fill_batch,
     ],
-    solution_seconds=20,
+    solution_seconds=45,
 )

@@ -115,4 +115,4 @@ def check_compute_gae(compute_gae: Callable) -> CheckResult:
     return run_check("check_compute_gae", compute_gae)
 
 
-EXERCISE = exercise("07_gae_for_ppo", [check_compute_gae], solution_seconds=20)
+EXERCISE = exercise("07_gae_for_ppo", [check_compute_gae], solution_seconds=50)

@@ -144,4 +144,4 @@ def check_grpo_step(grpo_step: Callable) -> CheckResult:
     return run_check("check_grpo_step", grpo_step)
 
 
-EXERCISE = exercise("08_one_grpo_step", [check_grpo_step], solution_seconds=20)
+EXERCISE = exercise("08_one_grpo_step", [check_grpo_step], solution_seconds=80)

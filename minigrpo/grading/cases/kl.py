@@ -85,4 +85,4 @@ def check_kl_k3(kl_k3: Callable) -> CheckResult:
     return run_check("check_kl_k3", kl_k3)
 
 
-EXERCISE = exercise("05_kl_k3_estimator", [check_kl_k3], solution_seconds=20)
+EXERCISE = exercise("05_kl_k3_estimator", [check_kl_k3], solution_seconds=60)

@@ -154,5 +154,5 @@ EXERCISE = exercise(
         check_kl_loss_gradient,
         check_kl_directions,
     ],
-    solution_seconds=20,
+    solution_seconds=45,
 )

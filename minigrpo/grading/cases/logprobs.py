@@ -181,5 +181,5 @@ EXERCISE = exercise(
         check_masked_mean,
         check_per_token_logps,
     ],
-    solution_seconds=20,
+    solution_seconds=50,
 )

@@ -270,5 +270,5 @@ EXERCISE = exercise(
         check_importance_ratio,
         check_clip_fractions,
     ],
-    solution_seconds=20,
+    solution_seconds=50,
 )

@@ -161,5 +161,5 @@ EXERCISE = exercise(
         check_graded_reward,
         check_reward_hacking,
     ],
-    solution_seconds=20,
+    solution_seconds=70,
 )

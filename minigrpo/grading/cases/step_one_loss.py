@@ -145,5 +145,5 @@ EXERCISE = exercise(
         check_step_one_loss,
         check_worked_example_step_one_loss,
     ],
-    solution_seconds=20,
+    solution_seconds=85,
 )

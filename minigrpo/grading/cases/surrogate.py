@@ -108,4 +108,4 @@ def check_clipped_surrogate(clipped_surrogate: Callable) -> CheckResult:
     return run_check("check_clipped_surrogate", clipped_surrogate)
 
 
-EXERCISE = exercise("04_clipped_surrogate", [check_clipped_surrogate], solution_seconds=20)
+EXERCISE = exercise("04_clipped_surrogate", [check_clipped_surrogate], solution_seconds=50)
