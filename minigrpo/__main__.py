@@ -171,17 +171,46 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_argument("--target-accuracy", type=float, default=0.3, help="stop once held-out accuracy reaches it")
     pretrain.add_argument("--seed", type=int, default=0)
 
-    grade = commands.add_parser("grade", help="grade an exercise notebook or a folder of them")
+    grade = commands.add_parser(
+        "grade",
+        help="grade an exercise notebook, or a class's folder of them",
+        description="Grade notebooks: a .ipynb file, a flat folder (the student is the file's stem), a folder per "
+        "student, or nbgrader's submitted/ (submitted/<student>/<assignment>/*.ipynb). Each notebook is graded on "
+        "its exercise's checks and maximum; a student with several notebooks of one exercise gets the best score.",
+    )
     grade.add_argument("path", help="a .ipynb file or a folder")
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
-    grade.add_argument("--timeout", type=int, default=600, help="seconds per notebook")
+    grade.add_argument(
+        "--timeout",
+        type=int,
+        default=None,
+        help="seconds per notebook, its cells and the judging of its checks (default: its exercise's limit, "
+        f"{_time_limits()})",
+    )
     grade.add_argument(
         "--jobs", type=int, default=None, help="notebooks graded at once (default: $MINIGRPO_GRADE_JOBS, else up to 4)"
     )
-    grade.add_argument("--csv", default=None, metavar="PATH", help="also write one row per notebook and check to PATH")
+    grade.add_argument(
+        "--csv",
+        default=None,
+        metavar="PATH",
+        help="also write the gradebook to PATH: one row per student (student, one column per exercise, total)",
+    )
+    grade.add_argument(
+        "--checks-csv", default=None, metavar="PATH", help="also write one row per notebook and check to PATH"
+    )
     for command in (train, evaluate, pretrain, grade):
         command.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     return parser
+
+
+def _time_limits() -> str:
+    """The grader's default limit per exercise, for --help: 3x the time its solution takes to grade."""
+    from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, time_limits_help
+
+    if not EXERCISES:  # the cases register them: importing minigrpo.grading runs them
+        import minigrpo.grading  # noqa: F401
+    return f"{TIME_LIMIT_FACTOR}x the time its solution takes to grade: {time_limits_help()}"
 
 
 def make_config(model_name: str, overrides: dict) -> GRPOConfig:
@@ -267,7 +296,17 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         print(f"error: --jobs {args.jobs}: give 1 or more notebooks at once.", file=sys.stderr)
         return 2
-    return grade_command(args.path, as_json=args.json, timeout=args.timeout, jobs=args.jobs, csv_path=args.csv)
+    if args.timeout is not None and args.timeout < 1:
+        print(f"error: --timeout {args.timeout}: give 1 second or more per notebook.", file=sys.stderr)
+        return 2
+    return grade_command(
+        args.path,
+        as_json=args.json,
+        timeout=args.timeout,
+        jobs=args.jobs,
+        csv_path=args.csv,
+        checks_csv_path=args.checks_csv,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,12 @@ docstring). In a markdown cell the block becomes "_Your answer here._". Outputs,
 execution counts and ipywidgets state are stripped, links to solutions/<name> point to
 exercises/<name> (the Colab badge), and everything else is copied unchanged,
 so cells that scripts/stamp_colab.py added to a solution carry over.
+
+Every solution and exercise is stamped with its exercise and the package's version
+(metadata["minigrpo"], `minigrpo.grading.exercises.Exercise.stamp`): the grader
+knows a renamed copy ("Copy of 02_...ipynb") by it, and knows a handout of another
+version. The script writes the stamp into solutions/ too, so a new version (or a
+changed check) means running it again; --check fails until then.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ import sys
 from pathlib import Path
 
 import nbformat
+
+from minigrpo import __version__
+from minigrpo.grading import EXERCISES
+from minigrpo.grading.exercises import METADATA_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -76,8 +86,20 @@ def render(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def expected_exercises(solutions: Path) -> dict[str, str]:
-    """exercise file name -> its expected text, for every solution notebook."""
+def stamped(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """The solution with its exercise's stamp in its metadata (a new object): the exercise whose id is its stem."""
+    exercise_id = Path(name).stem
+    if exercise_id not in EXERCISES:
+        raise ValueError(
+            f"no exercise {exercise_id} in minigrpo.grading: register it (exercise(...)) beside its checks"
+        )
+    solution = copy.deepcopy(solution)
+    solution.metadata[METADATA_KEY] = EXERCISES[exercise_id].stamp(__version__)
+    return solution
+
+
+def expected_notebooks(solutions: Path) -> dict[str, tuple[str, str]]:
+    """file name -> (the stamped solution's text, its exercise's text), for every solution notebook."""
     notebooks = sorted(solutions.glob("*.ipynb"))
     if not notebooks:
         raise FileNotFoundError(f"no solution notebooks in {solutions}")
@@ -87,17 +109,28 @@ def expected_exercises(solutions: Path) -> dict[str, str]:
         if not any(BEGIN in cell.source for cell in solution.cells):
             raise ValueError(f"{path} has no {BEGIN} block: nothing for the learner to do")
         try:
-            expected[path.name] = render(make_exercise(solution, path.name))
+            solution = stamped(solution, path.name)
+            expected[path.name] = (render(solution), render(make_exercise(solution, path.name)))
         except ValueError as error:
             raise ValueError(f"{path}: {error}") from None
     return expected
 
 
+def expected_exercises(solutions: Path) -> dict[str, str]:
+    """exercise file name -> its expected text, for every solution notebook."""
+    return {name: exercise for name, (_, exercise) in expected_notebooks(solutions).items()}
+
+
 def stale_exercises(solutions: Path, exercises: Path) -> list[str]:
-    """What differs between exercises/ and what the solutions generate (empty when up to date)."""
-    expected = expected_exercises(solutions)
-    problems = []
-    for name, text in expected.items():
+    """What differs between exercises/ and what the solutions generate, and solutions whose stamp is not this
+    version's (empty when up to date)."""
+    expected = expected_notebooks(solutions)
+    problems = [
+        f"{solutions / name} has no stamp of minigrpo {__version__}'s exercise in its metadata"
+        for name, (solution, _) in expected.items()
+        if (solutions / name).read_text() != solution
+    ]
+    for name, (_, text) in expected.items():
         path = exercises / name
         if not path.exists():
             problems.append(f"{path} is missing")
@@ -125,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"exercises/ is up to date with {args.solutions}")
         return 0
     args.exercises.mkdir(parents=True, exist_ok=True)
-    expected = expected_exercises(args.solutions)
-    for name, text in expected.items():
-        (args.exercises / name).write_text(text)
-    print(f"wrote {len(expected)} exercise notebooks to {args.exercises}")
+    expected = expected_notebooks(args.solutions)
+    for name, (solution, exercise) in expected.items():
+        if (args.solutions / name).read_text() != solution:
+            (args.solutions / name).write_text(solution)  # the stamp only: nbformat keeps the rest as it was
+        (args.exercises / name).write_text(exercise)
+    print(f"stamped {len(expected)} solutions and wrote their exercise notebooks to {args.exercises}")
     return 0
 
 

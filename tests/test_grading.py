@@ -482,7 +482,7 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
         shutil.copy(ROOT / "exercises" / f"{name}.ipynb", tmp_path / "exercises")
     (tmp_path / "broken").mkdir()
     nbformat.write(broken_notebook(), tmp_path / "broken" / "broken.ipynb")
-    result = run_grade(tmp_path, "--json", "--timeout", 300, "--jobs", 2, "--csv", tmp_path / "grades.csv")
+    result = run_grade(tmp_path, "--json", "--timeout", 300, "--jobs", 2, "--checks-csv", tmp_path / "grades.csv")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     by_folder = {}
@@ -520,7 +520,7 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
     ]  # one row per notebook and check, in the report's order
     assert sum(float(r["points"]) for r in rows) == report["points"]
     assert sum(float(r["max_points"]) for r in rows) == report["max_points"]
-    (crashed_row,) = [r for r in rows if r["exercise"] == "broken" and r["check"] == "check_kl_k3"]
+    (crashed_row,) = [r for r in rows if r["exercise"] == "(broken)" and r["check"] == "check_kl_k3"]
     assert "your code raised ZeroDivisionError" in crashed_row["lost_points"]
 
 
@@ -530,7 +530,7 @@ def test_the_score_table_lists_exercise_points_max_and_total(tmp_path):
     report = grading.NotebookReport(str(path), checks=[])
     grading.collect(nbformat.read(path, as_version=4), {}, report)
     table = grading.format_scores([report])
-    assert re.search(r"broken\s+check_kl_k3\s+0\s+3", table)
+    assert re.search(r"broken\s+\(broken\)\s+check_kl_k3\s+0\s+3", table)  # student, exercise (none: the stem)
     assert re.search(r"total\s+0\s+6", table)
     assert "check_masked_mean: did not run" in table
 
@@ -539,6 +539,7 @@ def test_a_notebook_that_runs_out_of_time_is_graded_not_crashed(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell("import time\ntime.sleep(60)"),
+        nbformat.v4.new_code_cell("time.sleep(60)"),  # a cell may run for half the limit: this one ends it
         nbformat.v4.new_code_cell("check_kl_k3(kl_k3)"),
     ]
     path = tmp_path / "slow.ipynb"
@@ -558,23 +559,23 @@ def test_exit_codes_for_a_bad_path(tmp_path, capsys):
 
 
 def test_the_csv_has_one_row_per_notebook_and_check_and_defuses_formulas(tmp_path):
-    from minigrpo.grading.runner import CSV_COLUMNS, write_csv
+    from minigrpo.grading.gradebook import CHECK_COLUMNS, write_check_rows
 
     path = tmp_path / "=HYPERLINK(1).ipynb"
     nbformat.write(broken_notebook(), path)
     report = grading.NotebookReport(str(path), checks=[], seconds=1.25)
     grading.collect(nbformat.read(path, as_version=4), {}, report)
     empty = grading.NotebookReport(str(tmp_path / "empty.ipynb"), status="unreadable", errors=["cannot read it"])
-    write_csv([report, empty], tmp_path / "grades.csv")
+    write_check_rows([report, empty], tmp_path / "grades.csv")
     with open(tmp_path / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == CSV_COLUMNS
+    assert tuple(rows[0]) == CHECK_COLUMNS
     assert [(r["exercise"], r["check"], r["points"], r["max_points"]) for r in rows] == [
-        ("'=HYPERLINK(1)", "check_kl_k3", "0", "3"),
-        ("'=HYPERLINK(1)", "check_masked_mean", "0", "3"),
-        ("empty", "", "0", "0"),
+        ("(=HYPERLINK(1))", "check_kl_k3", "0", "3"),  # no exercise: the stem, in parentheses
+        ("(=HYPERLINK(1))", "check_masked_mean", "0", "3"),
+        ("(empty)", "", "0", "0"),
     ]
-    assert rows[0]["seconds"] == "1.2" and rows[0]["status"] == "ok"
+    assert rows[0]["student"] == "'=HYPERLINK(1)" and rows[0]["seconds"] == "1.2" and rows[0]["status"] == "ok"
     assert rows[1]["lost_points"].startswith("did not run:") and rows[2]["lost_points"] == "cannot read it"
 
 

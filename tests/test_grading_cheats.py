@@ -172,7 +172,7 @@ def graded(tmp_path_factory):
     (folder / "unreadable.ipynb").write_text('{"cells": [ this is not a notebook')
     paths = sorted(folder.glob("*.ipynb"))
     reports = grading.grade_notebooks(paths, timeout=120, jobs=2)
-    return {report.exercise: report for report in reports}, pid_file
+    return {report.name: report for report in reports}, pid_file
 
 
 def messages(report) -> list[str]:

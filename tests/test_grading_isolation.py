@@ -246,9 +246,10 @@ def test_names_and_messages_print_escaped_on_any_stdout():
     ascii_only.seek(0)
     assert ascii_only.read() == "\\xe9t\\xe9\n"
     lines = table.splitlines()
-    assert lines[2].startswith("caf\\xe9\\n  total 99 99  (no checks)")  # one row, not a forged total
+    name = "caf\\xe9\\n  total 99 99"  # the student (the file's stem), and the exercise: none, so the stem again
+    assert lines[2].startswith(f"{name}  ({name})  (no checks)")  # one row, not a forged total
     assert lines[3].startswith("---") and lines[4].startswith("total ")
-    assert "  caf\\xe9\\n  total 99 99: unreadable (a\\nb)" in lines
+    assert f"  {name} / ({name}) ({name}.ipynb): unreadable (a\\nb)" in lines
 
 
 def test_the_output_budget_caps_each_cell_and_the_notebook():
@@ -282,16 +283,16 @@ def test_interrupts_cancel_the_grading_task_and_restore_the_handlers(signum):
 
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
     """What the command prints when SIGINT stopped grading: no kernel here, grade_notebooks is replaced."""
-    from minigrpo.grading import runner
+    from minigrpo.grading import gradebook, runner
 
     graded = NotebookReport("ex/01.ipynb", checks=[{"check": "check_kl_k3", "points": 3, "max_points": 3}])
 
     def interrupted(*args, **kwargs):
         raise runner.GradingInterrupted(signal.SIGINT, [graded], [Path("ex/02.ipynb")])
 
-    monkeypatch.setattr(runner, "find_notebooks", lambda path: [Path("ex/01.ipynb"), Path("ex/02.ipynb")])
-    monkeypatch.setattr(runner, "grade_notebooks", interrupted)
-    assert runner.grade_command("ex") == 130
+    monkeypatch.setattr(gradebook, "find_notebooks", lambda path: [Path("ex/01.ipynb"), Path("ex/02.ipynb")])
+    monkeypatch.setattr(gradebook, "grade_notebooks", interrupted)
+    assert gradebook.grade_command("ex") == 130
     out, err = capsys.readouterr()
     assert out.rstrip().endswith("not graded (grading was interrupted; no score recorded):\n  ex/02.ipynb")
     assert "interrupted by SIGINT" in err and "02" not in out.split("what lost points")[0].split("total")[0]

@@ -19,7 +19,8 @@ in `minigrpo.grading.runner`).
 | module | job |
 | --- | --- |
 | framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
-| cases/ | one module per exercise: `@cases("check_x", references=[...])` its cases, `@check` the check_x it exports |
+| cases/ | one module per exercise: `@cases("check_x", ...)` its cases, `@check` its check_x, `exercise(...)` it |
+| exercises | EXERCISES (checks, maximum, time budget); which exercise a notebook is; the version contract |
 | labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
 | own_code | the capstone's notebook read for the package's stage functions (their syntax trees) |
 | references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
@@ -28,11 +29,13 @@ in `minigrpo.grading.runner`).
 | limits | how much of a notebook the grader reads (regular files, size, output caps), printed escaped |
 | kernels | the notebook's kernel as the grader runs it: its own stdout and files, capped messages |
 | processes | the grader's process hygiene: kill all a kernel started, the judge isolated, stop on a signal |
-| runner | `python -m minigrpo grade PATH`: execute notebooks, judge their checks, print the scores |
+| runner | execute notebooks, judge their exercise's checks within its time limit, one report per notebook |
+| gradebook | `python -m minigrpo grade PATH`: students, one score per student and exercise, the table, the CSVs |
 """
 
 from minigrpo.grading import cases as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
 from minigrpo.grading.cases.step_one_loss import WORKED_EXAMPLE_LENGTHS, step_one_loss
+from minigrpo.grading.exercises import EXERCISES, Exercise, Identity, identify
 from minigrpo.grading.framework import (
     CASE_TIMEOUT_S,
     CASES,
@@ -59,6 +62,14 @@ from minigrpo.grading.framework import (
     run_check,
     value_and_gradient,
 )
+from minigrpo.grading.gradebook import (
+    ClassGrades,
+    StudentGrade,
+    class_grades,
+    find_submissions,
+    format_scores,
+    grade_command,
+)
 from minigrpo.grading.labs import (
     BUGS,
     CAPSTONE_LEARNING,
@@ -78,13 +89,12 @@ from minigrpo.grading.labs import (
 from minigrpo.grading.runner import (
     GradingError,
     NotebookReport,
+    Submission,
     accept_records,
     check_calls,
     collect,
     expected_checks,
     find_notebooks,
-    format_scores,
-    grade_command,
     grade_notebooks,
 )
 
@@ -96,7 +106,10 @@ __all__ = [
     "CASES",
     "CHECKS",
     "CASE_TIMEOUT_S",
+    "ClassGrades",
     "DIAGNOSTICS",
+    "EXERCISES",
+    "Exercise",
     "GRADED",
     "GRADING_RUN_ENV",
     "WORKED_EXAMPLE_LENGTHS",
@@ -105,17 +118,21 @@ __all__ = [
     "CheckResult",
     "CheckTimeout",
     "GradingError",
+    "Identity",
     "LearnerError",
     "Mismatch",
     "NO_BUG",
     "NoAnswer",
     "NotebookReport",
     "PlantedBugTrainer",
+    "StudentGrade",
+    "Submission",
     "REFERENCES",
     "accept_records",
     "cases",
     "check",
     "check_calls",
+    "class_grades",
     "collect",
     "diagnostics_table",
     "evaluate",
@@ -123,9 +140,11 @@ __all__ = [
     "expect_equal",
     "expected_checks",
     "find_notebooks",
+    "find_submissions",
     "format_check",
     "format_scores",
     "held_out_accuracy",
+    "identify",
     "grade_command",
     "grade_notebooks",
     "last_traceback_line",

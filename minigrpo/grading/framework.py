@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -199,10 +200,18 @@ def last_traceback_line(error: BaseException) -> str:
     return traceback.format_exception_only(type(error), error)[-1].strip()
 
 
-def run_case(case: Case, learner: Callable) -> CaseResult:
-    """Run one case; any exception from the learner's code is a failed case, never a crash."""
+OUT_OF_TIME = "not run: the notebook's time limit was spent before this case (did an earlier case run long?)"
+AFTER_TIMEOUT = "not run: your function ran out of time on an earlier case of this check (an infinite loop?)"
+
+
+def run_case(case: Case, learner: Callable, deadline: float | None = None) -> CaseResult:
+    """Run one case, for at most case.timeout and until `deadline` (time.monotonic(); None: no deadline); any
+    exception from the learner's code is a failed case, never a crash."""
+    seconds = case.timeout if deadline is None else min(case.timeout, deadline - time.monotonic())
+    if seconds <= 0:
+        return CaseResult(case.name, 0.0, case.points, False, OUT_OF_TIME)
     try:
-        with time_limit(case.timeout, lambda: CheckTimeout(f"took longer than {case.timeout:g} s")):
+        with time_limit(seconds, lambda: CheckTimeout(f"took longer than {seconds:.3g} s")):
             case.run(learner)
     except Mismatch as wrong:
         return CaseResult(case.name, 0.0, case.points, False, str(wrong))
@@ -254,12 +263,20 @@ def refusal_reason(name: str, learner, allow_reference: bool = False) -> str | N
     return reference_reason(learner, REFERENCES.get(name, ()))
 
 
-def evaluate(name: str, learner: Callable, refusal: str | None = None) -> CheckResult:
-    """Every case of check `name` on `learner`; with a `refusal`, every case fails with that message instead."""
+def evaluate(name: str, learner: Callable, refusal: str | None = None, deadline: float | None = None) -> CheckResult:
+    """Every case of check `name` on `learner`, by `deadline` (time.monotonic(); the grader's judge sets one);
+    with a `refusal`, every case fails with that message instead. After a case that timed out, the later cases
+    fail without running (AFTER_TIMEOUT): a function that loops costs one case's time limit, not each case's."""
     builders = CASES[name]()
     if refusal:
         return CheckResult(name, [CaseResult(c.name, 0.0, c.points, False, refusal) for c in builders])
-    return CheckResult(name, [run_case(case, learner) for case in builders])
+    results = []
+    for case in builders:
+        if results and results[-1].message.startswith(("timed out", AFTER_TIMEOUT)):  # a loop costs one case's time
+            results.append(CaseResult(case.name, 0.0, case.points, False, AFTER_TIMEOUT))
+        else:
+            results.append(run_case(case, learner, deadline))
+    return CheckResult(name, results)
 
 
 def value_and_gradient(learner: Callable, wrt: int, *args):

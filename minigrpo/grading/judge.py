@@ -17,7 +17,14 @@ folder for the files it exchanges with the kernel. For each check the judge
    the kernel runs each call under a watch for the check's references
    (`references.ReferenceWatch`), and a check whose function ran one scores 0.
 
-It prints one JSON line: the records, and their HMAC-SHA256 under the key,
+It does all of this by the request's deadline: each check gets an equal share of the
+time left when it starts, and a case gets what is left of its check's share
+(`framework.run_case`), so a learner's function that loops costs its own check's
+time, not the next one's.
+
+It prints a JSON line after each check, and at the end: the records so far (the runner keeps
+the last line it got, so a judge stopped at the notebook's deadline loses only the checks
+it had not finished), and their HMAC-SHA256 under the key,
 which only the runner and this process know (the key never passes through the
 kernel's environment, files or arguments), so a line written into this
 process's stdout by anyone else is rejected.
@@ -31,6 +38,7 @@ import hmac
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate, judged_cells
@@ -43,10 +51,12 @@ def sign(key: bytes, records: list[dict]) -> str:
     return hmac.new(key, json.dumps(records, sort_keys=True).encode(), hashlib.sha256).hexdigest()
 
 
-def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str]) -> dict:
-    """One check's record: CheckResult.to_dict(), or {"check", "not_run": reason} ("" when the runner knows why)."""
+def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str], deadline: float | None = None) -> dict:
+    """One check's record: CheckResult.to_dict(), or {"check", "not_run": reason} ("" when the runner knows why).
+
+    deadline: time.monotonic() by which its cases end (None: each case's own time limit only)."""
     try:
-        seen = describe(kernel, check)
+        seen = describe(kernel, check, timeout=60 if deadline is None else max(1.0, deadline - time.monotonic()))
     except NoAnswer as gone:
         return {"check": check, "not_run": str(gone)}
     if not seen.get("registered"):
@@ -57,24 +67,33 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str])
     refusal = refusal or seen.get("refusal")
     function = KernelFunction(kernel, check, watch_list(REFERENCES.get(check, ())))
     with judged_cells(cells):  # a check that reads the notebook's source reads the file's, not the kernel's
-        result = evaluate(check, function, str(refusal) if refusal else None)
+        result = evaluate(check, function, str(refusal) if refusal else None, deadline)
         if function.refusal:  # a reference ran, seen at run time: every case earns 0 with the reason
             result = evaluate(check, function, function.refusal)
     return result.to_dict()
 
 
-def judge(request: dict) -> list[dict]:
-    """Every requested check of one notebook, judged against its kernel."""
+def judge(request: dict, done=None) -> list[dict]:
+    """Every requested check of one notebook, judged against its kernel; done(records so far) after each check."""
     cells = request["cells"]
     with contextlib.ExitStack() as stack:
         workdir = request.get("workdir") or stack.enter_context(tempfile.TemporaryDirectory(prefix="minigrpo-judge-"))
         kernel = Kernel(request["connection"], request["kernel_pid"], Path(workdir))
+        checks = [check for check in request["checks"] if check in CASES]
+        deadline = None
+        if request.get("deadline") is not None:  # wall clock from the runner: this process's start-up counted
+            deadline = time.monotonic() + (request["deadline"] - time.time())
         try:
-            return [
-                judge_check(kernel, check, request["calls"].get(check), cells)
-                for check in request["checks"]
-                if check in CASES
-            ]
+            records = []
+            for number, check in enumerate(checks):
+                share = (
+                    None
+                    if deadline is None
+                    else time.monotonic() + (deadline - time.monotonic()) / (len(checks) - number)
+                )
+                records.append(judge_check(kernel, check, request["calls"].get(check), cells, share))
+                (done or (lambda records: None))(records)
+            return records
         finally:
             kernel.close()
 
@@ -82,10 +101,13 @@ def judge(request: dict) -> list[dict]:
 def main() -> int:
     request = json.loads(sys.stdin.readline())
     key = bytes.fromhex(request.pop("key"))
-    out, sys.stdout = sys.stdout, sys.stderr  # only the result line goes to stdout
-    records = judge(request)
-    out.write(json.dumps({"records": records, "mac": sign(key, records)}) + "\n")
-    out.flush()
+    out, sys.stdout = sys.stdout, sys.stderr  # only the result lines go to stdout
+
+    def send(records: list[dict]) -> None:  # after every check: what is judged counts if the runner stops us later
+        out.write(json.dumps({"records": records, "mac": sign(key, records)}) + "\n")
+        out.flush()
+
+    send(judge(request, done=send))
     return 0
 
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import zmq.asyncio
@@ -66,11 +68,19 @@ def kernel_manager(folder: Path) -> AsyncKernelManager:
 class GradingClient(NotebookClient):
     """nbclient's executor, keeping at most `budget` of the cells' output and ignoring widgets.
 
-    `finished` lists the cells whose end (the kernel's "idle" status) came through the output connection.
+    `finished` lists the cells whose end (the kernel's "idle" status) came through the output connection;
+    `timed_out` the cells that ran past the client's timeout: nbclient interrupted them (KeyboardInterrupt) and
+    went on (`responsive` tells whether the kernel stopped them).
     """
 
     budget: OutputBudget
     finished: set[int]
+    timed_out: list[int]
+
+    def note_timeout(self, cell, cell_index, execute_reply) -> None:
+        """nbclient's on_cell_executed hook: a cell whose reply is the timeout's stand-in ran out of time."""
+        if execute_reply["content"].get("ename") == CELL_TIMED_OUT:
+            self.timed_out.append(cell_index)
 
     def process_message(self, msg, cell, cell_index):
         if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
@@ -82,7 +92,10 @@ class GradingClient(NotebookClient):
         cells = [
             index
             for index, cell in enumerate(self.nb.cells)
-            if cell.cell_type == "code" and cell.get("execution_count") and index not in self.finished
+            if cell.cell_type == "code"
+            and cell.get("execution_count")
+            and index not in self.finished
+            and index not in self.timed_out  # the report says it ran out of time
         ]
         if not cells:
             return None
@@ -103,15 +116,36 @@ class GradingClient(NotebookClient):
         return None
 
 
+CELL_TIMED_OUT = "CellTimedOut"
+"""The error name of the reply nbclient makes up for a cell that ran past its timeout (`error_on_timeout`)."""
+
+
 # limits.py alone (it imports only the standard library), not the package: a kernel starts in a second, not ten
 _CUT_OUTPUT = f"__import__('runpy').run_path({limits.__file__!r})['limit_kernel_output']()"
 
 
+async def responsive(client: GradingClient, timeout: float) -> bool:
+    """Does the kernel answer a request within `timeout` seconds (after an interrupt: did the cell stop)?"""
+    probe = client.kc.execute("", silent=True, store_history=False)
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            reply = await client.kc.shell_channel.get_msg(timeout=left)
+        except queue.Empty:
+            return False
+        if reply["parent_header"].get("msg_id") == probe:  # the interrupted cell's late reply comes first
+            return True
+    return False
+
+
 def grading_client(nb, folder: Path, cwd: Path, timeout: float) -> GradingClient:
-    """The executor of one notebook: its kernel's files in `folder`, run in `cwd` (the notebook's folder)."""
+    """The executor of one notebook: its kernel's files in `folder`, run in `cwd` (the notebook's folder); a cell
+    running past `timeout` seconds is interrupted and the next one runs (`timed_out`)."""
     client = GradingClient(
         nb,
-        timeout=int(timeout),
+        timeout=max(1, int(timeout)),
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": CELL_TIMED_OUT, "evalue": f"over {timeout:g} s", "traceback": []},
         allow_errors=True,
         km=kernel_manager(folder),
         resources={"metadata": {"path": str(cwd)}},
@@ -120,7 +154,8 @@ def grading_client(nb, folder: Path, cwd: Path, timeout: float) -> GradingClient
             f"--IPKernelApp.exec_lines={_CUT_OUTPUT}",  # small messages, however much a cell prints
         ],
     )
-    client.budget, client.finished = OutputBudget(), set()
+    client.budget, client.finished, client.timed_out = OutputBudget(), set(), []
+    client.on_cell_executed = client.note_timeout
     return client
 
 

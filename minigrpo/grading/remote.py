@@ -35,6 +35,9 @@ import torch
 
 from minigrpo.grading.framework import GRADED, LearnerError, NoAnswer, RemoteCallable, last_traceback_line
 
+INTERRUPT_WAIT_S = 3.0
+"""How long an interrupted learner's function has to stop before its kernel is given up on (the grader's judge
+keeps this much of a notebook's time limit in hand: `runner.JUDGE_MARGIN_S`)."""
 MAX_RESPONSE_BYTES = 256 * 2**20
 """A bigger answer is refused (the judge would have to hold it in memory): no exercise returns more than a few MB."""
 
@@ -247,7 +250,7 @@ class Kernel:
         """SIGINT the kernel (KeyboardInterrupt in the learner's function); if it stays busy, give up on it."""
         try:
             os.kill(self.pid, signal.SIGINT)
-            self._wait(message_id, timeout=5)
+            self._wait(message_id, timeout=INTERRUPT_WAIT_S)
         except (OSError, KernelGone):
             self.broken = "not run: an earlier case never returned (the kernel is still running your function)"
 

@@ -1,11 +1,21 @@
-"""The grader: `python -m minigrpo grade PATH [--json] [--timeout S] [--jobs N] [--csv FILE]`.
+"""Grading notebooks: run each one in its own kernel, judge its exercise's checks, report the points.
+
+`python -m minigrpo grade PATH` (`minigrpo.grading.gradebook`) finds the notebooks and their students, and calls
+`grade_notebooks` here; this module grades them, `jobs` at a time.
 
 How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
 1. Read it: only a regular file of at most 16 MiB is read as a notebook
    (`minigrpo.grading.limits`); anything else named *.ipynb scores 0 as
    unreadable, with the reason.
-2. Run it: nbclient executes the notebook in a fresh kernel of the current
+2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
+   metadata, else its file name, else the checks it calls. The exercise's checks
+   and maximum are what it is graded on: a check of the exercise that the notebook
+   does not call scores 0 of its points ("was its cell deleted?"), a check of
+   another exercise is ignored, and an unreadable notebook scores 0 of the
+   exercise's maximum. Another version's handout whose checks changed is refused
+   (0 points, with the reason) without being run.
+3. Run it: nbclient executes the notebook in a fresh kernel of the current
    Python (`allow_errors=True`, so a cell that raises NotImplementedError does
    not stop the cells after it), under a SID of its own (setsid), with
    $MINIGRPO_GRADING_RUN set to a random token, its stdin, stdout and stderr
@@ -13,24 +23,37 @@ How a notebook is graded, and why its score can be trusted
    grader's temporary folder (`minigrpo.grading.kernels`). Its checks only
    remember the function they were given. Of its output the grader keeps at
    most 1 MiB per cell and 8 MiB per notebook, and reads only the errors.
-3. Judge it: a separate process of the package's own code
+4. Judge it: a separate process of the package's own code
    (`minigrpo.grading.judge`), started isolated from every folder a learner may
-   write (`processes.judge_command`), runs the cases of every check that the
-   notebook's code cells call (`check_xxx(`), computing the expected answers and
+   write (`processes.judge_command`), runs the cases of the exercise's checks that
+   the notebook's code cells call (`check_xxx(`), computing the expected answers and
    the points itself; it calls the learner's functions in the kernel and gets
    back plain data only (`minigrpo.grading.remote`). Patching the package in the
    kernel, or writing anything anywhere, changes no point: learner code never
    runs in the judge. A function that is, wraps, calls or runs the package's own
    solution of the exercise earns 0 for that check, with the reason
    (`minigrpo.grading.references`).
-4. Accept it: the judge's records come back signed (HMAC under a key only the
-   runner and the judge know). A record for a check the notebook does not call,
+5. Accept it: the judge's records come back signed (HMAC under a key only the
+   runner and the judge know). A record for a check the judge was not asked for,
    with points above the check's maximum, or malformed, is rejected: that check
    scores 0 with the reason. A notebook that cannot be read, times out, kills
    its kernel or breaks its judge scores 0 on its own checks only.
-5. Clean up, however grading ends: every process with the kernel's SID, and
+6. Clean up, however grading ends: every process with the kernel's SID, and
    every process carrying the token, is killed (`minigrpo.grading.processes`),
    and the notebook's folder (connection file included) is removed.
+
+Time
+----
+A notebook's limit covers everything: its kernel, its cells and the judging of
+its checks. By default it is its exercise's `time_limit` (3x the time its
+solution takes to grade, `minigrpo.grading.exercises`); --timeout sets one
+limit for every notebook. A cell may run for at most half the limit (CELL_SHARE):
+a cell that hangs is interrupted (KeyboardInterrupt) and the cells after it
+still run and are judged; when it does not stop, or the limit is spent, the
+notebook is stopped and says that it ran out of time. The judge splits what is
+left of the limit between the checks, so an infinite loop in one learner
+function leaves the next check its time. While notebooks run, `progress` gets a
+line at least every HEARTBEAT_S seconds ("12/41 graded; running: ...").
 
 A check that the notebook calls but that did not run (its cell failed first, or
 the notebook timed out) scores 0 out of its maximum, with the reason. The
@@ -67,30 +90,62 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import CASES, GRADING_RUN_ENV, format_points, last_traceback_line, max_points
-from minigrpo.grading.limits import LIMITS, NotebookRefused, printable, read_notebook
+from minigrpo.grading.limits import NotebookRefused, printable, read_notebook
 from minigrpo.grading.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
+from minigrpo.grading.remote import INTERRUPT_WAIT_S
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds the minigrpo package: the kernels import this copy, not another one on their path."""
 
 
 _CHECK_CALL_RE = re.compile(r"\b(check_\w+)\s*\(")
+CELL_SHARE = 0.5
+"""A cell may run for at most this share of its notebook's limit: after a cell that hangs, the others still run."""
+HEARTBEAT_S = 20.0
+"""While notebooks run, a progress line at least this often (seconds)."""
+JUDGE_MARGIN_S = INTERRUPT_WAIT_S + 1.0
+"""The judge ends its last case this long before the notebook's deadline: time to stop a learner's function
+(INTERRUPT_WAIT_S) and send the records before the runner kills the judge at the deadline."""
+KERNEL_ANSWER_S = 10.0
+"""After interrupting a cell that ran out of time, how long the kernel has to answer before it counts as stuck."""
+JUDGE_START_S = 3.0
+"""About how long the judge takes to start (it imports torch and the package): with less time left it is not run."""
+
+
+@dataclass
+class Submission:
+    """One notebook to grade, and whose it is (`gradebook.find_submissions` finds them in a class's folders)."""
+
+    path: Path
+    student: str
 
 
 @dataclass
 class NotebookReport:
-    """The grade of one notebook: one CheckResult-like dict per check, and how the run went."""
+    """The grade of one notebook: one CheckResult-like dict per check of its exercise, and how the run went.
+
+    exercise: the exercise's id (None: not identified, graded on the checks it calls; `exercises.identify`).
+    """
 
     path: str
     checks: list[dict] = field(default_factory=list)
-    status: str = "ok"  # ok | timed out | kernel died | unreadable
+    status: str = "ok"  # ok | timed out | kernel died | unreadable | refused
     seconds: float = 0.0  # running the notebook and judging its checks
     errors: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what the grader left out (output over its caps): no points lost
+    notes: list[str] = field(default_factory=list)  # what the grader left out or noticed: no points lost
+    student: str = ""  # "" : the file's stem
+    exercise: str | None = None
+    identified_by: str = ""  # metadata | file name | checks | "" (not identified)
+    time_limit: float = 0.0
+
+    def __post_init__(self):
+        self.student = self.student or self.name
 
     @property
-    def exercise(self) -> str:
+    def name(self) -> str:
+        """The notebook's file stem."""
         return Path(self.path).stem
 
     @property
@@ -103,12 +158,15 @@ class NotebookReport:
 
     def to_dict(self) -> dict:
         return {
+            "student": self.student,
             "exercise": self.exercise,
+            "identified_by": self.identified_by,
             "path": self.path,
             "points": self.points,
             "max_points": self.max_points,
             "status": self.status,
             "seconds": round(self.seconds, 2),
+            "time_limit": self.time_limit,
             "errors": self.errors,
             "notes": self.notes,
             "checks": self.checks,
@@ -229,18 +287,46 @@ def _record_problem(record, expected: list[str], accepted: dict) -> str | None:
     return None
 
 
-def collect(nb, records: dict[str, dict], report: NotebookReport) -> None:
-    """Fill report.checks from the judge's accepted records; a check without one scores 0, with the reason."""
-    for name in expected_checks(nb):
+NOT_FOUND = "this check was not found in your notebook (was its cell deleted?)"
+
+
+def graded_checks(nb, exercise: str | None) -> list[str]:
+    """The checks a notebook is graded on: its exercise's, all of them; a notebook of no exercise, those it calls."""
+    if exercise is not None:
+        return list(EXERCISES[exercise].checks)
+    return expected_checks(nb) if nb is not None else []
+
+
+def ignored_checks(nb, exercise: str | None) -> list[str]:
+    """A note for each check the notebook calls that its exercise does not own (pasted from another exercise)."""
+    if exercise is None or nb is None:
+        return []
+    return [
+        f"{name} belongs to exercise {owner(name).id}, not {exercise}: ignored"
+        for name in expected_checks(nb)
+        if name not in EXERCISES[exercise].checks
+    ]
+
+
+def collect(nb, records: dict[str, dict], report: NotebookReport, checks: Sequence[str] | None = None) -> None:
+    """Fill report.checks from the judge's accepted records; a check without one scores 0 of its points, with the
+    reason. checks: those graded (default: `graded_checks(nb, report.exercise)`); nb: None when it was unreadable."""
+    called = expected_checks(nb) if nb is not None else []
+    for name in graded_checks(nb, report.exercise) if checks is None else checks:
         record = records.get(name, {})
         if record and "not_run" not in record:
             report.checks.append(record)
             continue
-        reason = (
-            record.get("not_run")
-            or _cell_error(nb, name)
-            or (f"the notebook {report.status}" if report.status != "ok" else "the check was never called")
-        )
+        if record.get("not_run"):
+            reason = record["not_run"]
+        elif nb is None:
+            reason = f"the notebook is {report.status}"
+        elif name not in called:
+            reason = NOT_FOUND
+        else:
+            reason = _cell_error(nb, name) or (
+                f"the notebook {report.status}" if report.status != "ok" else "the check was never called"
+            )
         report.checks.append(
             {"check": name, "points": 0.0, "max_points": max_points(name), "cases": [], "not_run": reason}
         )
@@ -266,19 +352,22 @@ class JudgeFailed(Exception):
     """The judge of one notebook did not give usable records: that notebook's checks score 0."""
 
 
-async def _judge(nb, km, kernel_pid: int, budget: float, jobs: int, folder: Path) -> list:
-    """Run the judge on a notebook whose kernel is still up; its records, authenticated."""
+async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jobs: int, folder: Path) -> list:
+    """Run the judge on `checks` of a notebook whose kernel is still up, by `deadline` (time.monotonic()); its
+    records, authenticated. The judge ends its last case JUDGE_MARGIN_S before the deadline, when it is killed."""
     key = secrets.token_bytes(32)
     connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
     (folder / "judge").mkdir()
+    budget = deadline - time.monotonic()
     request = {
         "key": key.hex(),
-        "checks": expected_checks(nb),
+        "checks": checks,
         "calls": check_calls(nb),
         "cells": [cell.source if cell.cell_type == "code" else "" for cell in nb.cells],
         "connection": connection,
         "kernel_pid": kernel_pid,
         "workdir": str(folder / "judge"),  # request and response files, exchanged with the kernel
+        "deadline": time.time() + budget - JUDGE_MARGIN_S,  # wall clock: the judge's own start-up counts
     }
     process = await asyncio.create_subprocess_exec(
         *judge_command(PACKAGE_ROOT),
@@ -289,18 +378,46 @@ async def _judge(nb, km, kernel_pid: int, budget: float, jobs: int, folder: Path
         cwd=os.path.abspath(os.sep),  # a relative entry of its path is looked up where a learner cannot write
         start_new_session=True,
     )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(json.dumps(request).encode() + b"\n"), budget)
-    except asyncio.TimeoutError:
-        raise JudgeFailed(f"its checks ran longer than {budget:g} s") from None
-    finally:
-        if process.returncode is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+    process.stdin.write(json.dumps(request).encode() + b"\n")
+    await process.stdin.drain()
+    process.stdin.close()
+    out, err, on_time = await _read_until(process, budget)
+    if not on_time:
+        records = _last_records(out, key)
+        done = {r.get("check") for r in records if isinstance(r, dict)}
+        late = "not judged: the notebook's time limit was spent before this check was judged"
+        return records + [{"check": name, "not_run": late} for name in checks if name not in done]
     if process.returncode != 0:
         last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         raise JudgeFailed(f"the judge stopped with exit code {process.returncode}: {last}")
     return read_answer(out, key)
+
+
+async def _read_until(process, budget: float) -> tuple[bytes, bytes, bool]:
+    """The judge's stdout and stderr until it exits or `budget` seconds pass (then it is killed): (out, err, exited)."""
+    out, err = bytearray(), bytearray()
+
+    async def drain(stream, into: bytearray) -> None:
+        while chunk := await stream.read(65536):
+            into += chunk
+
+    readers = asyncio.gather(drain(process.stdout, out), drain(process.stderr, err), process.wait())
+    try:
+        await asyncio.wait_for(readers, budget)
+        return bytes(out), bytes(err), True
+    except asyncio.TimeoutError:
+        return bytes(out), bytes(err), False
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+
+def _last_records(out: bytes, key: bytes) -> list:
+    try:
+        return read_answer(out, key)
+    except JudgeFailed:
+        return []
 
 
 def read_answer(out: bytes, key: bytes) -> list:
@@ -318,36 +435,101 @@ def read_answer(out: bytes, key: bytes) -> list:
     raise JudgeFailed("no answer from the judge passed authentication")
 
 
-def _check_cells_ran(nb) -> bool:
-    """Did any cell that calls a check execute? (If none did, there is nothing to judge.)"""
-    names = expected_checks(nb)
+def _check_cells_ran(nb, checks: list[str]) -> bool:
+    """Did any cell that calls one of `checks` execute? (If none did, there is nothing to judge.)"""
     return any(
-        cell.cell_type == "code" and cell.get("execution_count") and any(n in cell.source for n in names)
+        cell.cell_type == "code" and cell.get("execution_count") and any(n in cell.source for n in checks)
         for cell in nb.cells
     )
 
 
-async def _grade_notebook(
-    path: Path, timeout: float, jobs: int, workdir: Path, interrupts: Interrupts
-) -> NotebookReport:
+def default_time_limit(exercise: str | None, called: Sequence[str]) -> float:
+    """A notebook's limit without --timeout: its exercise's; for a notebook of no exercise, the sum of the limits of
+    the exercises whose checks it calls (the shortest limit when it calls none)."""
+    if exercise is not None:
+        return EXERCISES[exercise].time_limit
+    owners = {owner(name) for name in called} - {None}
+    return sum(e.time_limit for e in owners) or min(e.time_limit for e in EXERCISES.values())
+
+
+def _limit_words(limit: float, exercise: str | None, explicit: bool) -> str:
+    """'36 s (3x the 12 s its solution takes to grade; --timeout sets another)'."""
+    if explicit:
+        return f"{limit:g} s (--timeout)"
+    if exercise is None:
+        return f"{limit:g} s (its checks' exercises' limits; --timeout sets another)"
+    solution = EXERCISES[exercise].solution_seconds
+    return f"{limit:g} s ({TIME_LIMIT_FACTOR}x the {solution:g} s its solution takes to grade; --timeout sets another)"
+
+
+def _read(path: Path):
+    """(the notebook, None), or (None, why it cannot be read)."""
     import nbformat  # lazy, like the kernels module: an optional dependency
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    try:
+        return nbformat.reads(read_notebook(path), as_version=4), None
+    except Exception as error:  # this notebook scores 0; the others are still graded
+        reason = str(error) if isinstance(error, NotebookRefused) else last_traceback_line(error)
+        return None, f"cannot read {printable(str(path))}: {reason}"
+
+
+def _identified_report(submission: Submission, nb, timeout: float | None) -> NotebookReport:
+    """A report with the notebook's exercise, its time limit and the notes on how it was identified."""
+    from minigrpo import __version__
+
+    called = expected_checks(nb) if nb is not None else []
+    identity = identify(nb.metadata if nb is not None else None, submission.path, called, __version__)
+    report = NotebookReport(str(submission.path), student=submission.student, notes=list(identity.warnings))
+    report.exercise = identity.exercise.id if identity.exercise else None
+    report.identified_by = identity.by
+    report.time_limit = timeout or default_time_limit(report.exercise, called)
+    report.notes += ignored_checks(nb, report.exercise)
+    if identity.refusal:
+        report.status = "refused"
+        report.errors.append(identity.refusal)
+    return report
+
+
+async def _grade_notebook(
+    submission: Submission, timeout: float | None, jobs: int, workdir: Path, interrupts: Interrupts
+) -> NotebookReport:
+    started = time.monotonic()
+    nb, unreadable = _read(submission.path)
+    report = _identified_report(submission, nb, timeout)
+    checks = graded_checks(nb, report.exercise)
+    if nb is None or report.status == "refused":
+        if nb is None:
+            report.status = "unreadable"
+            report.errors.append(unreadable)
+        reason = report.errors[-1] if report.status == "refused" else None
+        collect(nb, {name: {"check": name, "not_run": reason} for name in checks} if reason else {}, report, checks)
+        return report
+    to_judge = [name for name in checks if name in expected_checks(nb)]
+    records = []
+    if to_judge:  # a notebook without one of its exercise's checks has nothing to run
+        limit_words = _limit_words(report.time_limit, report.exercise, explicit=timeout is not None)
+        records = await _run_and_judge(
+            nb, submission.path, report, to_judge, jobs, workdir, interrupts, started, limit_words
+        )
+    report.seconds = time.monotonic() - started  # the notebook's run and the judging of its checks (which may train)
+    accepted, problems = accept_records(records, to_judge)
+    report.errors += problems
+    collect(nb, accepted, report, checks)
+    return report
+
+
+async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrupts, started, limit_words) -> list:
+    """Run the notebook's cells in a kernel, then judge `checks` on it, all within report.time_limit; the records."""
+    from nbclient.exceptions import DeadKernelError
 
     from minigrpo.grading import kernels
 
-    report = NotebookReport(str(path))
-    try:
-        nb = nbformat.reads(read_notebook(path), as_version=4)
-    except Exception as error:  # this notebook scores 0; the others are still graded
-        report.status = "unreadable"
-        reason = str(error) if isinstance(error, NotebookRefused) else last_traceback_line(error)
-        report.errors.append(f"cannot read {printable(str(path))}: {reason}")
-        return report
+    deadline = started + report.time_limit
     token = secrets.token_hex(16)
     folder = workdir / f"notebook-{token}"  # its kernel's spec, connection file and TMPDIR; the judge's files
     (folder / "tmp").mkdir(parents=True)
-    client = kernels.grading_client(nb, folder, path.parent.resolve(), timeout)
-    started, kernel_pid, records = time.monotonic(), None, []
+    client = kernels.grading_client(nb, folder, path.parent.resolve(), report.time_limit * CELL_SHARE)
+    kernel_pid, records, stuck = None, [], None
     try:
         try:
             env = _environment(jobs, folder / "tmp", **{GRADING_RUN_ENV: token})
@@ -357,79 +539,161 @@ async def _grade_notebook(
             reason = f"could not start a kernel for {printable(str(path))}: {last_traceback_line(error)}"
             raise GradingError(reason) from error
         try:
-            code_cells = (index for index, cell in enumerate(nb.cells) if cell.cell_type == "code")
-            for count, index in enumerate(code_cells, start=1):
-                remaining = timeout - (time.monotonic() - started)
-                if remaining <= 0:
-                    raise CellTimeoutError("the notebook ran out of time")
-                client.timeout = max(1, int(math.ceil(remaining)))
-                # execution_count from here, not from the kernel's output messages: they may be lost (limits.py)
-                await client.async_execute_cell(nb.cells[index], index, execution_count=count)
-        except CellTimeoutError:
-            report.status = "timed out"
-            report.errors.append(f"the notebook ran longer than --timeout {timeout:g} s; later cells did not run")
-            await client.km.interrupt_kernel()  # stop the running cell, so the judge can reach the kernel
+            stuck = await _run_cells(client, nb, deadline, report, limit_words)
         except DeadKernelError as error:
             report.status = "kernel died"
             report.errors.append(f"the kernel died: {last_traceback_line(error)}")
         interrupts.check()  # a signal, which nbclient may have reported as a dead kernel
         client.kc.stop_channels()  # what the kernel prints while the judge calls it is read by no one
-        if alive(kernel_pid) and _check_cells_ran(nb):
-            try:
-                records = await _judge(nb, client.km, kernel_pid, timeout + 60, jobs, folder)
-            except JudgeFailed as failed:
-                report.errors.append(f"grading failed: {failed}")
-                records = [{"check": name, "not_run": f"grading failed: {failed}"} for name in expected_checks(nb)]
+        records = await _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report)
     finally:  # on every way out, an interrupt (cancellation) included: the kills first, they cannot be cut short
         kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
         shutil.rmtree(folder, ignore_errors=True)
         await kernels.stop_kernel(client)
-    report.seconds = time.monotonic() - started  # the notebook's run and the judging of its checks (which may train)
-    for cell in nb.cells:
+    for index, cell in enumerate(nb.cells):
         for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            if output.get("output_type") == "error" and output["ename"] != "NotImplementedError":
+            interrupted = index in client.timed_out and output.get("ename") == "KeyboardInterrupt"  # said below
+            if output.get("output_type") == "error" and output["ename"] != "NotImplementedError" and not interrupted:
                 report.errors.append(f"{output['ename']}: {output['evalue']}")
     report.notes += [note for note in (client.budget.note(), client.lost_output_note()) if note]
-    accepted, problems = accept_records(records, expected_checks(nb))
-    report.errors += problems
-    collect(nb, accepted, report)
-    return report
+    return records
 
 
-async def _grade_all(notebooks: list[Path], timeout: float, jobs: int, workdir: Path, interrupts, done) -> None:
-    """Grade every notebook, `jobs` at a time; done(index, report) as each one finishes."""
-    gate = asyncio.Semaphore(jobs)
+async def _run_cells(client, nb, deadline: float, report: NotebookReport, limit_words: str) -> int | None:
+    """Run the code cells, each for at most the client's timeout and all of them by `deadline`; a cell that runs
+    out of time is interrupted and the next one runs. Returns the cell that did not stop when interrupted, if any."""
+    from minigrpo.grading import kernels
 
-    async def one(index: int, path: Path) -> None:
+    code_cells = [index for index, cell in enumerate(nb.cells) if cell.cell_type == "code"]
+    cell_limit = client.timeout
+    for count, index in enumerate(code_cells, start=1):
+        remaining = deadline - time.monotonic()
+        if remaining < 1 + client.iopub_timeout:
+            _out_of_time(report, code_cells[count - 1 :], limit_words)
+            return None
+        # nbclient waits up to iopub_timeout for a cell's last output after its reply, or after interrupting it
+        client.timeout = max(1, int(min(cell_limit, remaining - client.iopub_timeout)))
+        # execution_count from here, not from the kernel's output messages: they may be lost (limits.py)
+        await client.async_execute_cell(nb.cells[index], index, execution_count=count)
+        if index not in client.timed_out:
+            continue
+        if not await kernels.responsive(client, min(KERNEL_ANSWER_S, max(1.0, deadline - time.monotonic()))):
+            report.status = "timed out"
+            report.errors.append(
+                f"cell {index} ran out of time (over {client.timeout} s) and did not stop when interrupted: "
+                f"the notebook ran out of time; the cells after it did not run (limit {limit_words})"
+            )
+            return index
+        if client.timeout < cell_limit:  # the notebook's limit, not the cell's, stopped it
+            _out_of_time(report, code_cells[count:], limit_words, interrupted=index)
+            return None
+        report.errors.append(
+            f"cell {index} ran out of time: it ran longer than {cell_limit} s (half the notebook's limit), "
+            "was interrupted, and the cells after it still ran"
+        )
+    return None
+
+
+def _out_of_time(report: NotebookReport, not_run: list[int], limit_words: str, interrupted: int | None = None):
+    report.status = "timed out"
+    stopped = f"cell {interrupted} was interrupted; " if interrupted is not None else ""
+    left = f"cells {', '.join(map(str, not_run))} did not run" if not_run else "every cell ran"
+    report.errors.append(f"the notebook ran out of time: its limit is {limit_words}; {stopped}{left}")
+
+
+async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report) -> list:
+    """The judge's records for `checks`, or a reason for each when it cannot run (a stuck kernel, no time left)."""
+    if not alive(kernel_pid) or not _check_cells_ran(nb, checks):
+        return []
+    reason = None
+    if stuck is not None:
+        reason = f"not judged: the kernel was still running cell {stuck}, which did not stop when interrupted"
+    elif deadline - time.monotonic() < JUDGE_MARGIN_S + JUDGE_START_S:
+        reason = "not judged: the notebook's time limit was spent before its checks could be judged"
+    else:
+        try:
+            return await _judge(nb, checks, client.km, kernel_pid, deadline, jobs, folder)
+        except JudgeFailed as failed:
+            report.errors.append(f"grading failed: {failed}")
+            reason = f"grading failed: {failed}"
+    return [{"check": name, "not_run": reason} for name in checks]
+
+
+def _finished_line(done: int, total: int, report: NotebookReport) -> str:
+    """'12/41 graded: jane 02_group_relative_advantages.ipynb 4/6 in 8.1 s (timed out)'."""
+    score = f"{format_points(report.points)}/{format_points(report.max_points)}"
+    status = "" if report.status == "ok" else f" ({report.status})"
+    return (
+        f"{done}/{total} graded: {printable(report.student)} {printable(Path(report.path).name)} {score} "
+        f"in {report.seconds:.1f} s{status}"
+    )
+
+
+def _running_line(done: int, total: int, running: dict) -> str:
+    """'12/41 graded; running: jane 02_x.ipynb (45 s), bob 02_x.ipynb (12 s)'."""
+    now = time.monotonic()
+    names = [f"{printable(s.student)} {printable(s.path.name)} ({now - t:.0f} s)" for s, t in running.values()]
+    return f"{done}/{total} graded; running: {', '.join(names) or 'none'}"
+
+
+async def _grade_all(submissions, timeout, jobs: int, workdir: Path, interrupts, done, say, heartbeat_s) -> None:
+    """Grade every submission, `jobs` at a time; done(index, report) as each one finishes; say(line) at least
+    every `heartbeat_s` seconds while notebooks run."""
+    gate, running, finished = asyncio.Semaphore(jobs), {}, []
+
+    async def one(index: int, submission: Submission) -> None:
         async with gate:
-            done(index, await _grade_notebook(path, timeout, jobs, workdir, interrupts))
+            running[index] = (submission, time.monotonic())
+            try:
+                report = await _grade_notebook(submission, timeout, jobs, workdir, interrupts)
+            finally:
+                running.pop(index, None)
+            finished.append(index)
+            done(index, report, len(finished))
 
-    await asyncio.gather(*(one(i, p) for i, p in enumerate(notebooks)))
+    async def heartbeat() -> None:
+        while True:
+            await asyncio.sleep(heartbeat_s)
+            say(_running_line(len(finished), len(submissions), running))
+
+    beat = asyncio.create_task(heartbeat())
+    try:
+        await asyncio.gather(*(one(i, s) for i, s in enumerate(submissions)))
+    finally:
+        beat.cancel()
 
 
 def grade_notebooks(
-    paths: Sequence[str | Path], timeout: float = 600, jobs: int | None = None, progress=None
+    paths: Sequence[str | Path | Submission],
+    timeout: float | None = None,
+    jobs: int | None = None,
+    progress=None,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> list[NotebookReport]:
-    """Execute each notebook in its own kernel (`jobs` at a time) and collect its checks.
+    """Execute each notebook in its own kernel (`jobs` at a time) and collect its exercise's checks.
 
-    SIGINT or SIGTERM (in the main thread) stops grading: raises GradingInterrupted with the reports finished
-    before the signal; the notebooks being graded then are cleaned up and get no report.
+    paths: notebooks (the student is the file's stem) or Submissions; timeout: seconds per notebook (None: its
+    exercise's time_limit); progress(line): a line as each notebook finishes ("12/41 graded: ...") and at least
+    every `heartbeat_s` seconds while notebooks run. SIGINT or SIGTERM (in the main thread) stops grading: raises
+    GradingInterrupted with the reports finished before the signal; the notebooks being graded then are cleaned up
+    and get no report.
     """
-    notebooks = [Path(p) for p in paths]
+    submissions = [p if isinstance(p, Submission) else Submission(Path(p), Path(p).stem) for p in paths]
     if jobs is None:
-        jobs = int(os.environ.get("MINIGRPO_GRADE_JOBS", "0")) or min(len(notebooks), _cpu_count(), 4)
+        jobs = int(os.environ.get("MINIGRPO_GRADE_JOBS", "0")) or min(len(submissions), _cpu_count(), 4)
     jobs = max(1, jobs)
+    say = progress or (lambda line: None)
     reports: dict[int, NotebookReport] = {}
     with Interrupts() as interrupts, without_working_folder():
 
-        def done(index: int, report: NotebookReport) -> None:
+        def done(index: int, report: NotebookReport, count: int) -> None:
             if interrupts.signal is None:  # a notebook that finishes after the signal is not graded
                 reports[index] = report
-                (progress or (lambda report: None))(report)
+                say(_finished_line(count, len(submissions), report))
 
         async def grade_all(workdir: Path) -> None:
             interrupts.watch(asyncio.current_task())
-            await _grade_all(notebooks, timeout, jobs, workdir, interrupts, done)
+            await _grade_all(submissions, timeout, jobs, workdir, interrupts, done, say, heartbeat_s)
 
         with tempfile.TemporaryDirectory(prefix="minigrpo-grade-") as tmp:
             try:
@@ -439,50 +703,9 @@ def grade_notebooks(
                     raise
     if interrupts.signal is not None:
         graded = [reports[i] for i in sorted(reports)]
-        not_graded = [p for i, p in enumerate(notebooks) if i not in reports]
+        not_graded = [s.path for i, s in enumerate(submissions) if i not in reports]
         raise GradingInterrupted(interrupts.signal, graded, not_graded)
-    return [reports[i] for i in range(len(notebooks))]
-
-
-def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()) -> str:
-    """The score table: exercise, check, points, max; then a total, what failed, and what was not graded.
-
-    Every name and message a learner made is escaped (`limits.printable`): one line of text is one line of the table.
-    """
-    names = [printable(r.exercise) for r in reports]
-    width = max([len("exercise")] + [len(n) for n in names])
-    check_width = max([len("(no checks)")] + [len(c["check"]) for r in reports for c in r.checks])
-    lines = [f"{'exercise':<{width}}  {'check':<{check_width}}  {'points':>6}  {'max':>4}"]
-    lines.append("-" * len(lines[0]))
-    for name, report in zip(names, reports, strict=True):
-        rows = report.checks or [{"check": "(no checks)", "points": 0, "max_points": 0}]
-        for check in rows:
-            lines.append(
-                f"{name:<{width}}  {check['check']:<{check_width}}  "
-                f"{format_points(check['points']):>6}  {format_points(check['max_points']):>4}"
-            )
-    lines.append("-" * len(lines[0]))
-    total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
-    lines.append(f"{'total':<{width}}  {'':<{check_width}}  {format_points(total):>6}  {format_points(most):>4}")
-    details, notes = [], []
-    for name, report in zip(names, reports, strict=True):
-        if report.status != "ok":
-            details.append(f"{name}: {report.status}" + (f" ({report.errors[0]})" if report.errors else ""))
-        for check in report.checks:
-            if "not_run" in check:
-                details.append(f"{name} / {check['check']}: did not run ({check['not_run']})")
-            for case in check.get("cases", []):
-                if not case["passed"]:
-                    details.append(f"{name} / {check['check']} / {case['name']}: {case['message']}")
-        notes += [f"{name}: {note}" for note in report.notes]
-    if details:
-        lines += ["", "what lost points:"] + [f"  {printable(d)}" for d in details]
-    if notes:
-        lines += ["", "notes:"] + [f"  {printable(n)}" for n in notes]
-    if not_graded:
-        lines += ["", "not graded (grading was interrupted; no score recorded):"]
-        lines += [f"  {printable(str(p))}" for p in not_graded]
-    return "\n".join(lines)
+    return [reports[i] for i in range(len(submissions))]
 
 
 def say(text: str, stream=None) -> None:
@@ -490,97 +713,3 @@ def say(text: str, stream=None) -> None:
     stream = stream or sys.stdout
     encoding = getattr(stream, "encoding", None) or "utf-8"
     print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream, flush=True)
-
-
-CSV_COLUMNS = ("path", "exercise", "check", "points", "max_points", "status", "seconds", "lost_points")
-
-
-def csv_rows(reports: list[NotebookReport]) -> list[dict]:
-    """One row per notebook and check, for an instructor's spreadsheet: CSV_COLUMNS; lost_points says what failed
-    (the cases' names and hints, or why the check did not run). A notebook with no checks gets one row."""
-    rows = []
-    for report in reports:
-        common = {"path": report.path, "exercise": report.exercise, "status": report.status}
-        common["seconds"] = round(report.seconds, 1)
-        for check in report.checks or [{"check": "", "points": 0.0, "max_points": 0.0}]:
-            lost = [f"{c['name']}: {c['message']}" for c in check.get("cases", []) if not c["passed"]]
-            lost += [f"did not run: {check['not_run']}"] if "not_run" in check else []
-            lost += [] if report.checks else report.errors[:1]
-            rows.append(
-                {
-                    **common,
-                    "check": check["check"],
-                    "points": format_points(check["points"]),
-                    "max_points": format_points(check["max_points"]),
-                    "lost_points": " | ".join(lost),
-                }
-            )
-    return rows
-
-
-def write_csv(reports: list[NotebookReport], path: str | Path) -> None:
-    """csv_rows(reports) to `path`. A text a learner made is written escaped (`limits.printable`), and one that a
-    spreadsheet would run as a formula (=, +, -, @ first) starts with an apostrophe."""
-    import csv
-
-    def cell(value):
-        text = printable(str(value)) if isinstance(value, str) else value
-        return "'" + text if isinstance(text, str) and text[:1] in ("=", "+", "-", "@") else text
-
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        for row in csv_rows(reports):
-            writer.writerow({key: cell(value) for key, value in row.items()})
-
-
-def grade_command(
-    path: str, as_json: bool = False, timeout: float = 600, jobs: int | None = None, csv_path: str | None = None
-) -> int:
-    """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
-    128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). jobs: notebooks graded at once
-    (None: $MINIGRPO_GRADE_JOBS, else up to 4); csv_path: also write csv_rows there."""
-    try:
-        notebooks = find_notebooks(path)
-    except FileNotFoundError as error:
-        say(f"error: {error}", sys.stderr)
-        return 2
-    csv_path = None if csv_path is None else os.path.abspath(csv_path)  # grading leaves the working folder
-
-    def progress(report: NotebookReport) -> None:
-        score = f"{format_points(report.points)}/{format_points(report.max_points)}"
-        status = "" if report.status == "ok" else f" ({report.status})"
-        say(f"graded {printable(report.path)}: {score} in {report.seconds:.1f} s{status}", sys.stderr)
-
-    started, not_graded, stopped = time.monotonic(), [], None
-    try:
-        reports = grade_notebooks(notebooks, timeout=timeout, jobs=jobs, progress=progress)
-    except GradingError as error:
-        say(f"error: {error}", sys.stderr)
-        return 1
-    except GradingInterrupted as interrupted:
-        reports, not_graded, stopped = interrupted.reports, interrupted.not_graded, interrupted
-    total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
-    if as_json:
-        summary = {
-            "path": str(path),
-            "points": total,
-            "max_points": most,
-            "seconds": round(time.monotonic() - started, 2),
-            "limits": LIMITS,
-        }
-        if stopped:
-            summary |= {"interrupted": stopped.signal_name, "not_graded": [str(p) for p in not_graded]}
-        say(json.dumps({**summary, "notebooks": [r.to_dict() for r in reports]}, indent=1))  # ASCII: any stdout
-    else:
-        say(format_scores(reports, not_graded))
-    if csv_path is not None:
-        write_csv(reports, csv_path)
-    if stopped:
-        names = ", ".join(printable(str(p)) for p in not_graded) or "none"
-        say(
-            f"interrupted by {stopped.signal_name}: grading stopped; not graded (no score recorded): {names}",
-            sys.stderr,
-        )
-        return 128 + stopped.signal_number
-    return 0

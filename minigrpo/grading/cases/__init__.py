@@ -1,5 +1,11 @@
 """The cases of every check, one module per exercise; importing this package registers them all.
 
+Each module ends with its exercise (`exercises.exercise`): its id, its checks and `solution_seconds`, the time its
+solution took to grade, rounded up to 5 s (`python -m minigrpo grade solutions/ --jobs 2 --timeout 900`, the
+`seconds` of each notebook, on a 2-core CPU shared with other work at a load average of 5-6: 681 s for all fifteen,
+2.5 times the README's idle-machine figure). The grader's default limit per notebook is 3x that. Measure again when
+an exercise changes.
+
 Each module registers its checks' cases (`@cases("check_x")`, in framework.CASES) and the check_x functions the
 notebooks call (`@check`, in framework.CHECKS, which `minigrpo.grading` exports by name). A new exercise is a new
 module here, imported below, and a row in this table.

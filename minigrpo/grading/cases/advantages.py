@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from minigrpo import advantages as reference
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, run_check, seeded
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS
 
@@ -112,3 +113,13 @@ def check_group_relative_advantages(group_relative_advantages: Callable) -> Chec
 def check_rloo_advantages(rloo_advantages: Callable) -> CheckResult:
     """Exercise 02: rloo_advantages(grouped_rewards (B, G)) -> (B, G)."""
     return run_check("check_rloo_advantages", rloo_advantages)
+
+
+EXERCISE = exercise(
+    "02_group_relative_advantages",
+    [
+        check_group_relative_advantages,
+        check_rloo_advantages,
+    ],
+    solution_seconds=60,
+)

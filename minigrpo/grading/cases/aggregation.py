@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, random_mask, run_check, seeded
 from minigrpo.losses import aggregate_loss as reference
 
@@ -85,3 +86,6 @@ def _aggregation_cases() -> list[Case]:
 def check_aggregate_loss(aggregate_loss: Callable) -> CheckResult:
     """Exercise 06: aggregate_loss(per_token_loss (N, T), completion_mask (N, T), loss_type, max_completion_length)."""
     return run_check("check_aggregate_loss", aggregate_loss)
+
+
+EXERCISE = exercise("06_loss_aggregation", [check_aggregate_loss], solution_seconds=60)

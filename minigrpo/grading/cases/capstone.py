@@ -32,6 +32,7 @@ from minigrpo import logprobs as logprobs_module
 from minigrpo import losses as losses_module
 from minigrpo import rollout as rollout_module
 from minigrpo.grading.cases.completion_mask import reference as mask_reference
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     CASES,
     Case,
@@ -554,3 +555,20 @@ def _own_code_cases() -> list[Case]:
 def check_capstone_own_code(train_grpo: Callable) -> CheckResult:
     """Reads the notebook's code cells: no minigrpo stage function imported or called."""
     return run_check("check_capstone_own_code", train_grpo)
+
+
+EXERCISE = exercise(
+    "15_grpo_from_scratch",
+    [
+        check_capstone_completion_mask,
+        check_capstone_sampler,
+        check_capstone_logps,
+        check_capstone_advantages,
+        check_capstone_loss,
+        check_capstone_gradients,
+        check_capstone_update,
+        check_capstone_learns,
+        check_capstone_own_code,
+    ],
+    solution_seconds=255,
+)

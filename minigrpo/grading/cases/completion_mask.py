@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, run_check, seeded
 from minigrpo.rollout import completion_mask_from_eos
 
@@ -170,3 +171,6 @@ def _completion_mask_cases() -> list[Case]:
 def check_completion_mask(completion_mask: Callable) -> CheckResult:
     """Exercise 11: completion_mask(completion_ids (N, T), eos_token_ids list[int], pad_token_id int) -> (N, T) 0/1."""
     return run_check("check_completion_mask", completion_mask)
+
+
+EXERCISE = exercise("11_completion_mask", [check_completion_mask], solution_seconds=55)

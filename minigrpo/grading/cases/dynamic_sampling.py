@@ -8,6 +8,7 @@ import torch
 
 from minigrpo.advantages import zero_std_groups
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, run_check, seeded
 
 # the worked example, all right, all wrong, one lucky success (G = 8)
@@ -167,3 +168,13 @@ def _fill_cases() -> list[Case]:
 def check_fill_batch(fill_batch: Callable) -> CheckResult:
     """Exercise 14: fill_batch(generate_round, num_groups_wanted, max_rounds) -> (kept [(round, group)], rounds)."""
     return run_check("check_fill_batch", fill_batch)
+
+
+EXERCISE = exercise(
+    "14_dynamic_sampling",
+    [
+        check_informative_groups,
+        check_fill_batch,
+    ],
+    solution_seconds=45,
+)

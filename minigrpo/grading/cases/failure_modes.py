@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, run_check
 from minigrpo.grading.labs import BUGS, MYSTERY_RUNS, NO_BUG
 
@@ -45,3 +46,6 @@ def _failure_mode_cases() -> list[Case]:
 def check_failure_modes(diagnose: Callable[[], dict]) -> CheckResult:
     """Exercise 10: diagnose() -> {'A': answer, ..., 'E': answer}, each a key of BUGS or "none" (NO_BUG)."""
     return run_check("check_failure_modes", diagnose)
+
+
+EXERCISE = exercise("10_failure_modes", [check_failure_modes], solution_seconds=95)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, random_mask, run_check, seeded
 from minigrpo.ppo import compute_gae as reference
 
@@ -112,3 +113,6 @@ def _gae_cases() -> list[Case]:
 def check_compute_gae(compute_gae: Callable) -> CheckResult:
     """Exercise 07: compute_gae(rewards, values, mask, gamma, lam) -> (advantages, returns), all (N, T)."""
     return run_check("check_compute_gae", compute_gae)
+
+
+EXERCISE = exercise("07_gae_for_ppo", [check_compute_gae], solution_seconds=50)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_close, run_check
 from minigrpo.grading.labs import reference_grpo_steps, single_thread, small_grpo_config, tiny_model_and_tokenizer
 from minigrpo.models import make_reference_model
@@ -141,3 +142,6 @@ def _compare_parameters(model, reference_model) -> None:
 def check_grpo_step(grpo_step: Callable) -> CheckResult:
     """Exercise 08: grpo_step(model, ref_model, tokenizer, optimizer, batch, reward_funcs, config) -> dict."""
     return run_check("check_grpo_step", grpo_step)
+
+
+EXERCISE = exercise("08_one_grpo_step", [check_grpo_step], solution_seconds=80)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     Case,
     CheckResult,
@@ -82,3 +83,6 @@ def _kl_cases() -> list[Case]:
 def check_kl_k3(kl_k3: Callable) -> CheckResult:
     """Exercise 05: kl_k3(per_token_logps (N, T), ref_per_token_logps (N, T)) -> (N, T)."""
     return run_check("check_kl_k3", kl_k3)
+
+
+EXERCISE = exercise("05_kl_k3_estimator", [check_kl_k3], solution_seconds=60)

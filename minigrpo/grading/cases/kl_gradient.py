@@ -14,6 +14,7 @@ from minigrpo.course.kl_gradients import (
     expected_kl_loss_gradient,
     per_sample_kl_losses,
 )
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_close, run_check, seeded
 
 # pi_theta = (1/2, 1/2), pi_ref = (1/4, 3/4): lesson 04's hand example
@@ -145,3 +146,13 @@ def _kl_direction_cases() -> list[Case]:
 def check_kl_directions(kl_directions: Callable[[], dict]) -> CheckResult:
     """Exercise 13: kl_directions() -> {'k1': d, 'k2': d, 'k3': d, 'rho_k3': d}, d: 'reverse', 'forward' or 'none'."""
     return run_check("check_kl_directions", kl_directions)
+
+
+EXERCISE = exercise(
+    "13_kl_gradient",
+    [
+        check_kl_loss_gradient,
+        check_kl_directions,
+    ],
+    solution_seconds=45,
+)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     Case,
     CheckResult,
@@ -172,3 +173,13 @@ def check_masked_mean(masked_mean: Callable) -> CheckResult:
 def check_per_token_logps(per_token_logps_from_logits: Callable) -> CheckResult:
     """Exercise 03: per_token_logps_from_logits(logits (N, L, V), input_ids (N, L), T) -> (N, T)."""
     return run_check("check_per_token_logps", per_token_logps_from_logits)
+
+
+EXERCISE = exercise(
+    "03_masked_mean_and_logprobs",
+    [
+        check_masked_mean,
+        check_per_token_logps,
+    ],
+    solution_seconds=50,
+)

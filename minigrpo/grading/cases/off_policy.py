@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     Case,
     CheckResult,
@@ -261,3 +262,13 @@ def check_clip_fractions(clip_fractions: Callable) -> CheckResult:
     """Exercise 12: clip_fractions(ratio (N, T), advantages (N,), completion_mask (N, T), epsilon_low, epsilon_high)
     -> {"clip_ratio/low_mean": float, "clip_ratio/high_mean": float, "clip_ratio/region_mean": float}."""
     return run_check("check_clip_fractions", clip_fractions)
+
+
+EXERCISE = exercise(
+    "12_off_policy_ratio",
+    [
+        check_importance_ratio,
+        check_clip_fractions,
+    ],
+    solution_seconds=50,
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_equal, run_check
 from minigrpo.tasks import arithmetic
 
@@ -151,3 +152,14 @@ def check_graded_reward(graded_reward: Callable) -> CheckResult:
 def check_reward_hacking(graded_reward: Callable) -> CheckResult:
     """Exercise 01: hedging (several tags) and spam must not be rewarded; the honest answer still gets 2."""
     return run_check("check_reward_hacking", graded_reward)
+
+
+EXERCISE = exercise(
+    "01_answer_extraction_and_rewards",
+    [
+        check_extract_answer,
+        check_graded_reward,
+        check_reward_hacking,
+    ],
+    solution_seconds=70,
+)

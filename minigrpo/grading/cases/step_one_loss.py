@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.advantages import group_relative_advantages
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, run_check, seeded
 from minigrpo.grading.labs import (
     reference_grpo_steps,
@@ -136,3 +137,13 @@ def check_step_one_loss(predicted_step_one_loss: Callable) -> CheckResult:
 def check_worked_example_step_one_loss(worked_example_dapo_loss: Callable[[], float]) -> CheckResult:
     """Exercise 09: a number, the dapo loss at step 1 of the worked example (lengths WORKED_EXAMPLE_LENGTHS)."""
     return run_check("check_worked_example_step_one_loss", worked_example_dapo_loss)
+
+
+EXERCISE = exercise(
+    "09_why_is_the_loss_zero",
+    [
+        check_step_one_loss,
+        check_worked_example_step_one_loss,
+    ],
+    solution_seconds=85,
+)

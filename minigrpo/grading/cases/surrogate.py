@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     Case,
     CheckResult,
@@ -105,3 +106,6 @@ def _surrogate_cases() -> list[Case]:
 def check_clipped_surrogate(clipped_surrogate: Callable) -> CheckResult:
     """Exercise 04: clipped_surrogate(ratio (N, T), advantages (N,), epsilon_low, epsilon_high) -> (N, T)."""
     return run_check("check_clipped_surrogate", clipped_surrogate)
+
+
+EXERCISE = exercise("04_clipped_surrogate", [check_clipped_surrogate], solution_seconds=50)

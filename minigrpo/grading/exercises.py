@@ -1,0 +1,210 @@
+"""The exercises: each one's checks, maximum and time budget, and which exercise a handed-in notebook is.
+
+An exercise is defined once, in its module of `minigrpo.grading.cases`, beside the checks it owns::
+
+    EXERCISE = exercise("02_group_relative_advantages", [check_group_relative_advantages, check_rloo_advantages],
+                        solution_seconds=12)
+
+Its checks and their points are the exercise's, not the submission's: a check whose cell a learner deleted scores
+0 of its points, a check pasted from another exercise is ignored, and an empty or unreadable notebook scores 0 of
+the exercise's maximum. `solution_seconds` is how long grading the exercise's solution takes (a kernel started, every
+cell run, every check judged) on a 2-core CPU grading two notebooks at once; a notebook of that exercise may run for
+`time_limit` = TIME_LIMIT_FACTOR times that before the grader stops it.
+
+Which exercise a notebook is
+----------------------------
+`scripts/make_exercises.py` stamps every exercise and solution notebook's metadata with its exercise and the
+package's version (`Exercise.stamp`)::
+
+    "metadata": {"minigrpo": {"exercise": "02_group_relative_advantages", "version": "0.3.0", "revision": 1,
+                              "checks": {"check_group_relative_advantages": 4, "check_rloo_advantages": 2}}}
+
+`identify` reads, in order: that stamp (a renamed copy, "Copy of 02_...ipynb" or "02_... (1).ipynb", keeps it);
+the file name (an exercise's id in it, or its number first: "02_mine.ipynb"); the checks the notebook calls, when
+they all belong to one exercise. A notebook that none of these names is graded on the checks it calls, and stays
+out of the gradebook.
+
+A stamp from another version of the package is the handout of that version. When the exercise's checks (their names
+and points) and its `revision` are the same in both, it is graded, with a warning that names both versions; when
+they changed, it is refused (0 points, and the reason): grade it with the version that made it. `revision` is
+raised by hand when what the learner writes changes without a check's name or points changing (a function's
+arguments or meaning).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePath
+
+from minigrpo.grading.framework import CASES, format_points, max_points
+
+TIME_LIMIT_FACTOR = 3
+"""A notebook may run this many times as long as its exercise's solution takes to grade."""
+METADATA_KEY = "minigrpo"
+"""The key of a notebook's metadata that holds its exercise's stamp."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: its id (its notebook's file stem), the checks it owns in order, and its time budget.
+
+    solution_seconds: grading its solution on a 2-core CPU, two notebooks at once (kernel, cells, judge).
+    revision: raised when what the learner writes changes while the checks' names and points stay the same.
+    """
+
+    id: str
+    checks: tuple[str, ...]
+    solution_seconds: float
+    revision: int = 1
+
+    @property
+    def number(self) -> str:
+        """'02' of '02_group_relative_advantages'."""
+        return self.id.split("_", 1)[0]
+
+    @property
+    def max_points(self) -> float:
+        return sum(max_points(name) for name in self.checks)
+
+    @property
+    def time_limit(self) -> int:
+        """Seconds a notebook of this exercise may run (its cells and the judging of its checks): 3x its solution's."""
+        return math.floor(TIME_LIMIT_FACTOR * self.solution_seconds)
+
+    def check_maxima(self) -> dict[str, float]:
+        return {name: max_points(name) for name in self.checks}
+
+    def stamp(self, version: str) -> dict:
+        """What make_exercises writes into the notebook's metadata[METADATA_KEY]."""
+        return {"exercise": self.id, "version": version, "revision": self.revision, "checks": self.check_maxima()}
+
+
+EXERCISES: dict[str, Exercise] = {}
+"""exercise id -> its definition (registered as the cases' modules are imported: sort the ids for the course's
+order)."""
+
+
+def exercise(id: str, checks: Sequence[Callable | str], solution_seconds: float, revision: int = 1) -> Exercise:
+    """Register an exercise and the checks it owns (check functions or their names); each check has one exercise."""
+    names = tuple(c if isinstance(c, str) else c.__name__ for c in checks)
+    if not re.fullmatch(r"\d{2}_\w+", id):
+        raise ValueError(f"exercise id {id!r}: use its notebook's file stem, two digits first (02_group_...).")
+    for name in names:
+        if name not in CASES:
+            raise ValueError(f"exercise {id}: {name} has no cases (@cases({name!r}) registers them).")
+        if owner(name) is not None:
+            raise ValueError(f"exercise {id}: {name} belongs to exercise {owner(name).id} already.")
+    if id in EXERCISES or solution_seconds <= 0:
+        raise ValueError(f"exercise {id}: registered twice, or solution_seconds {solution_seconds} is not positive.")
+    EXERCISES[id] = Exercise(id, names, float(solution_seconds), revision)
+    return EXERCISES[id]
+
+
+def owner(check: str) -> Exercise | None:
+    """The exercise a check belongs to (None for a check of no exercise)."""
+    return next((e for e in EXERCISES.values() if check in e.checks), None)
+
+
+def time_limits_help() -> str:
+    """'01 45 s, 02 36 s, ...': the default limit of each exercise, for --help."""
+    return ", ".join(f"{e.number} {e.time_limit} s" for e in sorted(EXERCISES.values(), key=lambda e: e.id))
+
+
+# --- which exercise a notebook is -----------------------------------------------------------------------
+@dataclass
+class Identity:
+    """Which exercise a notebook is, how that was found, and what the grader says about it.
+
+    by: "metadata" | "file name" | "checks" (those it calls) | "" (none: graded on the checks it calls).
+    refusal: set when the notebook is another version's handout whose checks changed: it earns 0, with this reason.
+    """
+
+    exercise: Exercise | None
+    by: str = ""
+    version: str | None = None  # the package version stamped in its metadata
+    warnings: list[str] = field(default_factory=list)
+    refusal: str | None = None
+
+
+_COPY_PREFIX = re.compile(r"^(copy of |copia de |kopie van )+", re.IGNORECASE)
+_COPY_SUFFIX = re.compile(r"(\s*\(\d+\)|-Copy\d*|\s+copy\s*\d*)+$", re.IGNORECASE)
+
+
+def from_file_name(path: str | PurePath) -> Exercise | None:
+    """The exercise a file name names: its id inside the name, or its number first ('02_mine', 'Copy of 02_x (1)')."""
+    stem = _COPY_SUFFIX.sub("", _COPY_PREFIX.sub("", PurePath(path).stem.strip()))
+    lowered = stem.lower()
+    for candidate in EXERCISES.values():
+        if candidate.id in lowered:
+            return candidate
+    number = re.match(r"(\d{2})(?!\d)", stem)
+    return next((e for e in EXERCISES.values() if number and e.number == number.group(1)), None)
+
+
+def from_checks(called: Sequence[str]) -> Exercise | None:
+    """The one exercise all of `called` (check names) belong to; None when they span several, or none."""
+    owners = {owner(name) for name in called}
+    return owners.pop() if len(owners) == 1 and None not in owners else None
+
+
+def identify(metadata, path: str | PurePath, called: Sequence[str], version: str) -> Identity:
+    """Which exercise a notebook is: its metadata's stamp, else its file name, else the checks it calls.
+
+    metadata: the notebook's metadata (a dict; None when it could not be read); called: the checks its code calls;
+    version: the grader's package version.
+    """
+    stamp = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    named = from_file_name(path)
+    if isinstance(stamp, dict) and stamp.get("exercise") in EXERCISES:
+        identity = Identity(EXERCISES[stamp["exercise"]], "metadata", str(stamp.get("version") or "") or None)
+        if named is not None and named is not identity.exercise:
+            identity.warnings.append(
+                f"its file name says exercise {named.id} but its metadata says {identity.exercise.id}: "
+                f"graded as {identity.exercise.id}"
+            )
+        _version_contract(identity, stamp, version)
+        return identity
+    warnings = []
+    if isinstance(stamp, dict):
+        warnings.append(
+            f"its metadata names exercise {stamp.get('exercise')!r}, which minigrpo {version} does not have"
+        )
+    if named is not None:
+        return Identity(named, "file name", warnings=warnings)
+    by_checks = from_checks(called)
+    if by_checks is not None:
+        return Identity(by_checks, "checks", warnings=warnings)
+    warnings.append(
+        "not identified as an exercise (no stamp in its metadata, no exercise's name in its file name, and its checks "
+        "belong to several exercises or none): graded on the checks it calls, and left out of the gradebook"
+    )
+    return Identity(None, warnings=warnings)
+
+
+def _version_contract(identity: Identity, stamp: dict, version: str) -> None:
+    """Warn about, or refuse, a handout whose stamp is not this version's (see the module's docstring)."""
+    exercise_ = identity.exercise
+    theirs = identity.version or "an unknown version"
+    same_checks = _stamped_checks(stamp) == exercise_.check_maxima() and stamp.get("revision") == exercise_.revision
+    if same_checks and identity.version == version:
+        return
+    if same_checks:
+        identity.warnings.append(
+            f"handed out with minigrpo {theirs}, graded with minigrpo {version}: exercise {exercise_.id}'s checks "
+            "are the same in both"
+        )
+        return
+    ours = ", ".join(f"{name} ({format_points(points)})" for name, points in exercise_.check_maxima().items())
+    identity.refusal = (
+        f"handed out with minigrpo {theirs}, whose checks of exercise {exercise_.id} differ from minigrpo "
+        f"{version}'s ({ours}; revision {exercise_.revision}): grade it with minigrpo {theirs}, or hand out "
+        f"minigrpo {version}'s exercise"
+    )
+
+
+def _stamped_checks(stamp: dict) -> dict | None:
+    checks = stamp.get("checks")
+    return dict(checks) if isinstance(checks, dict) else None

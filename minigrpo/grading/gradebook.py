@@ -1,0 +1,350 @@
+"""A class's grades: `python -m minigrpo grade PATH [--json] [--csv FILE] [--checks-csv FILE] [--timeout S] [--jobs N]`.
+
+Whose notebook is it
+--------------------
+`find_submissions` reads the student from where a notebook lies under PATH:
+
+| layout | a notebook at | student |
+| --- | --- | --- |
+| nbgrader's | submitted/<student>/<assignment>/<notebook>.ipynb (PATH: submitted/) | <student> |
+| a folder per student | <student>/<notebook>.ipynb | <student> |
+| a flat folder, or one file | <notebook>.ipynb | the file's stem |
+
+One score per student and exercise
+----------------------------------
+`class_grades` gives each student one score per exercise (`exercises.identify` says which exercise a notebook is).
+A student who handed in several notebooks of one exercise gets the best of their scores (SEVERAL_RULE; a tie goes to
+the first path in sorted order), and a note names every notebook and the one that counts. A notebook of no exercise
+is graded (its checks are in the table and the per-check CSV) but stays out of the gradebook, with a note.
+
+What the command writes
+-----------------------
+- stdout: a table of every check of every notebook (student, exercise, check, points, max), the total, what lost
+  points and the notes, every line naming its student; then the gradebook (one row per student). With --json, all
+  of it as JSON instead.
+- stderr: a line as each notebook is graded ("12/41 graded: ...") and at least every 20 s while one runs.
+- --csv FILE: the gradebook: one row per student (student, one column per exercise, total, max_points); an
+  exercise the student did not hand in is an empty cell, counted as 0 in the total.
+- --checks-csv FILE: one row per notebook and check (CHECK_COLUMNS), for the detail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from minigrpo.grading.exercises import EXERCISES
+from minigrpo.grading.framework import format_points
+from minigrpo.grading.limits import LIMITS, printable
+from minigrpo.grading.runner import (
+    GradingError,
+    GradingInterrupted,
+    NotebookReport,
+    Submission,
+    find_notebooks,
+    grade_notebooks,
+    say,
+)
+
+SEVERAL_RULE = "best"
+"""Which of a student's notebooks of one exercise counts: the one with the most points (ties: the first path)."""
+
+
+def find_submissions(path: str | Path) -> list[Submission]:
+    """Every notebook under `path` (find_notebooks) with its student: see the module's table."""
+    path = Path(path)
+    notebooks = find_notebooks(path)
+    if not path.is_dir():
+        return [Submission(notebook, notebook.stem) for notebook in notebooks]
+    submissions = []
+    for notebook in notebooks:
+        parts = notebook.relative_to(path).parts
+        submissions.append(Submission(notebook, parts[0] if len(parts) > 1 else notebook.stem))
+    return submissions
+
+
+# --- one score per student and exercise ------------------------------------------------------------------
+@dataclass
+class StudentGrade:
+    """One student's row of the gradebook: the report that counts for each exercise they handed in."""
+
+    student: str
+    exercises: dict[str, NotebookReport] = field(default_factory=dict)  # exercise id -> the report that counts
+    notes: list[str] = field(default_factory=list)  # which of several notebooks counted; notebooks of no exercise
+
+    @property
+    def points(self) -> float:
+        return sum(report.points for report in self.exercises.values())
+
+    def to_dict(self, exercises: Sequence[str]) -> dict:
+        return {
+            "student": self.student,
+            "exercises": {e: self.exercises[e].points if e in self.exercises else None for e in exercises},
+            "points": self.points,
+            "max_points": sum(EXERCISES[e].max_points for e in exercises),
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class ClassGrades:
+    """The gradebook: the class's exercises (those any student handed in, in the course's order), and a row per
+    student (sorted by name)."""
+
+    exercises: list[str]
+    students: list[StudentGrade]
+
+    @property
+    def max_points(self) -> float:
+        return sum(EXERCISES[e].max_points for e in self.exercises)
+
+    def counted(self, report: NotebookReport) -> bool:
+        """Does this report count in its student's grade? (Not when another of their notebooks of it did.)"""
+        grade = next((s for s in self.students if s.student == report.student), None)
+        return grade is not None and grade.exercises.get(report.exercise) is report
+
+
+def class_grades(reports: Sequence[NotebookReport]) -> ClassGrades:
+    """One row per student, one score per exercise (SEVERAL_RULE for several notebooks of one exercise)."""
+    by_student: dict[str, dict[str | None, list[NotebookReport]]] = {}
+    for report in reports:
+        by_student.setdefault(report.student, {}).setdefault(report.exercise, []).append(report)
+    students = []
+    for student in sorted(by_student):
+        grade = StudentGrade(student)
+        for exercise, handed_in in by_student[student].items():
+            if exercise is None:
+                grade.notes += [f"{r.path}: not an exercise's notebook, left out of the gradebook" for r in handed_in]
+                continue
+            best = max(sorted(handed_in, key=lambda r: r.path), key=lambda r: r.points)  # max keeps the first tie
+            grade.exercises[exercise] = best
+            if len(handed_in) > 1:
+                scores = ", ".join(
+                    f"{r.path} {format_points(r.points)}/{format_points(r.max_points)}"
+                    for r in sorted(handed_in, key=lambda r: r.path)
+                )
+                grade.notes.append(
+                    f"{len(handed_in)} notebooks of exercise {exercise} ({scores}): the {SEVERAL_RULE} counts, "
+                    f"{best.path}"
+                )
+        students.append(grade)
+    order = sorted(EXERCISES)  # the course's order: the ids start with the exercise's number
+    handed = {e for s in students for e in s.exercises}
+    return ClassGrades([e for e in order if e in handed], students)
+
+
+# --- the printed report ---------------------------------------------------------------------------------------
+def _exercise_label(report: NotebookReport) -> str:
+    return report.exercise or f"({report.name})"  # a notebook of no exercise: its file's stem, in parentheses
+
+
+def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()) -> str:
+    """The score table (student, exercise, check, points, max), the total, what lost points, the notes, the
+    gradebook, and what was not graded. Every line about a notebook names its student.
+
+    Every name and message a learner made is escaped (`limits.printable`): one line of text is one line of the table.
+    """
+    students = [printable(r.student) for r in reports]
+    labels = [printable(_exercise_label(r)) for r in reports]
+    width = max([len("student")] + [len(n) for n in students])
+    ex_width = max([len("exercise")] + [len(n) for n in labels])
+    check_width = max([len("(no checks)")] + [len(c["check"]) for r in reports for c in r.checks])
+    header = f"{'student':<{width}}  {'exercise':<{ex_width}}  {'check':<{check_width}}  {'points':>6}  {'max':>4}"
+    lines = [header, "-" * len(header)]
+    for student, label, report in zip(students, labels, reports, strict=True):
+        for check in report.checks or [{"check": "(no checks)", "points": 0, "max_points": 0}]:
+            lines.append(
+                f"{student:<{width}}  {label:<{ex_width}}  {check['check']:<{check_width}}  "
+                f"{format_points(check['points']):>6}  {format_points(check['max_points']):>4}"
+            )
+    lines.append("-" * len(header))
+    total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
+    pad = f"{'':<{ex_width}}  {'':<{check_width}}"
+    lines.append(f"{'total':<{width}}  {pad}  {format_points(total):>6}  {format_points(most):>4}")
+    details, notes = [], []
+    for student, label, report in zip(students, labels, reports, strict=True):
+        where = f"{student} / {label} ({printable(Path(report.path).name)})"
+        if report.status != "ok":
+            details.append(f"{where}: {report.status}" + (f" ({report.errors[0]})" if report.errors else ""))
+        for check in report.checks:
+            if "not_run" in check:
+                details.append(f"{where} / {check['check']}: did not run ({check['not_run']})")
+            for case in check.get("cases", []):
+                if not case["passed"]:
+                    details.append(f"{where} / {check['check']} / {case['name']}: {case['message']}")
+        notes += [f"{where}: {note}" for note in report.notes]
+    if details:
+        lines += ["", "what lost points:"] + [f"  {printable(d)}" for d in details]
+    grades = class_grades(reports)
+    notes += [f"{grade.student}: {note}" for grade in grades.students for note in grade.notes]
+    if notes:
+        lines += ["", "notes:"] + [f"  {printable(n)}" for n in notes]
+    if grades.exercises:
+        lines += ["", "gradebook (one row per student; --csv writes it):", *format_gradebook(grades)]
+    if not_graded:
+        lines += ["", "not graded (grading was interrupted; no score recorded):"]
+        lines += [f"  {printable(str(p))}" for p in not_graded]
+    return "\n".join(lines)
+
+
+def gradebook_rows(grades: ClassGrades) -> list[dict]:
+    """One dict per student: student, one key per exercise (its points, "" when not handed in), total, max_points."""
+    rows = []
+    for grade in grades.students:
+        row = {"student": grade.student}
+        for exercise in grades.exercises:
+            report = grade.exercises.get(exercise)
+            row[exercise] = "" if report is None else format_points(report.points)
+        row |= {"total": format_points(grade.points), "max_points": format_points(grades.max_points)}
+        rows.append(row)
+    return rows
+
+
+def format_gradebook(grades: ClassGrades) -> list[str]:
+    """The gradebook as aligned text lines: exercises by their number, '-' for one not handed in."""
+    numbers = [EXERCISES[e].number for e in grades.exercises]
+    rows = gradebook_rows(grades)
+    width = max([len("student")] + [len(printable(r["student"])) for r in rows])
+    header = f"  {'student':<{width}}  " + "  ".join(f"{n:>5}" for n in numbers) + f"  {'total':>6}  {'max':>5}"
+    lines = [header]
+    for row in rows:
+        cells = "  ".join(f"{row[e] or '-':>5}" for e in grades.exercises)
+        lines.append(f"  {printable(row['student']):<{width}}  {cells}  {row['total']:>6}  {row['max_points']:>5}")
+    return lines
+
+
+# --- CSV -----------------------------------------------------------------------------------------------------
+CHECK_COLUMNS = (
+    "student",
+    "exercise",
+    "path",
+    "check",
+    "points",
+    "max_points",
+    "status",
+    "counted",
+    "seconds",
+    "lost_points",
+)
+"""The per-check CSV: counted is "yes" when the notebook is the one that counts in the student's gradebook row."""
+
+
+def check_rows(reports: list[NotebookReport]) -> list[dict]:
+    """One row per notebook and check (CHECK_COLUMNS); lost_points says what failed (the cases' names and hints, or
+    why the check did not run). A notebook with no checks gets one row."""
+    grades = class_grades(reports)
+    rows = []
+    for report in reports:
+        common = {"student": report.student, "exercise": _exercise_label(report), "path": report.path}
+        common |= {"status": report.status, "counted": "yes" if grades.counted(report) else "no"}
+        common["seconds"] = round(report.seconds, 1)
+        for check in report.checks or [{"check": "", "points": 0.0, "max_points": 0.0}]:
+            lost = [f"{c['name']}: {c['message']}" for c in check.get("cases", []) if not c["passed"]]
+            lost += [f"did not run: {check['not_run']}"] if "not_run" in check else []
+            lost += [] if report.checks else report.errors[:1]
+            rows.append(
+                {
+                    **common,
+                    "check": check["check"],
+                    "points": format_points(check["points"]),
+                    "max_points": format_points(check["max_points"]),
+                    "lost_points": " | ".join(lost),
+                }
+            )
+    return rows
+
+
+def write_rows(rows: list[dict], columns: Sequence[str], path: str | Path) -> None:
+    """`rows` to a CSV file. A text a learner made is written escaped (`limits.printable`), and one that a
+    spreadsheet would run as a formula (=, +, -, @ first) starts with an apostrophe."""
+    import csv
+
+    def cell(value):
+        text = printable(str(value)) if isinstance(value, str) else value
+        return "'" + text if isinstance(text, str) and text[:1] in ("=", "+", "-", "@") else text
+
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: cell(value) for key, value in row.items()})
+
+
+def write_gradebook(reports: list[NotebookReport], path: str | Path) -> None:
+    """The gradebook CSV: student, one column per exercise, total, max_points."""
+    grades = class_grades(reports)
+    write_rows(gradebook_rows(grades), ["student", *grades.exercises, "total", "max_points"], path)
+
+
+def write_check_rows(reports: list[NotebookReport], path: str | Path) -> None:
+    write_rows(check_rows(reports), CHECK_COLUMNS, path)
+
+
+# --- the command ---------------------------------------------------------------------------------------------
+def grade_command(
+    path: str,
+    as_json: bool = False,
+    timeout: float | None = None,
+    jobs: int | None = None,
+    csv_path: str | None = None,
+    checks_csv_path: str | None = None,
+) -> int:
+    """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
+    128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). timeout: seconds per notebook (None:
+    its exercise's limit); jobs: notebooks graded at once (None: $MINIGRPO_GRADE_JOBS, else up to 4); csv_path:
+    the gradebook; checks_csv_path: the per-check rows."""
+    try:
+        submissions = find_submissions(path)
+    except FileNotFoundError as error:
+        say(f"error: {error}", sys.stderr)
+        return 2
+    # grading leaves the working folder
+    csv_path, checks_csv_path = (None if p is None else os.path.abspath(p) for p in (csv_path, checks_csv_path))
+    started, not_graded, stopped = time.monotonic(), [], None
+    progress = lambda line: say(line, sys.stderr)  # noqa: E731
+    try:
+        reports = grade_notebooks(submissions, timeout=timeout, jobs=jobs, progress=progress)
+    except GradingError as error:
+        say(f"error: {error}", sys.stderr)
+        return 1
+    except GradingInterrupted as interrupted:
+        reports, not_graded, stopped = interrupted.reports, interrupted.not_graded, interrupted
+    if as_json:
+        say(json.dumps(json_report(path, reports, time.monotonic() - started, stopped), indent=1))  # ASCII
+    else:
+        say(format_scores(reports, not_graded))
+    if csv_path is not None:
+        write_gradebook(reports, csv_path)
+    if checks_csv_path is not None:
+        write_check_rows(reports, checks_csv_path)
+    if stopped:
+        names = ", ".join(printable(str(p)) for p in not_graded) or "none"
+        say(
+            f"interrupted by {stopped.signal_name}: grading stopped; not graded (no score recorded): {names}",
+            sys.stderr,
+        )
+        return 128 + stopped.signal_number
+    return 0
+
+
+def json_report(path, reports: list[NotebookReport], seconds: float, stopped: GradingInterrupted | None) -> dict:
+    """What --json prints: the totals, the gradebook (students), and every notebook's report."""
+    grades = class_grades(reports)
+    summary = {
+        "path": str(path),
+        "points": sum(r.points for r in reports),
+        "max_points": sum(r.max_points for r in reports),
+        "seconds": round(seconds, 2),
+        "limits": LIMITS,
+        "several_notebooks_rule": SEVERAL_RULE,
+        "exercises": {e: EXERCISES[e].max_points for e in grades.exercises},
+        "students": [grade.to_dict(grades.exercises) for grade in grades.students],
+    }
+    if stopped:
+        summary |= {"interrupted": stopped.signal_name, "not_graded": [str(p) for p in stopped.not_graded]}
+    return {**summary, "notebooks": [r.to_dict() for r in reports]}

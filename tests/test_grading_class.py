@@ -1,0 +1,346 @@
+"""Grading a class: each exercise's checks and fixed maximum, students from the folders, one gradebook row per
+student, honest time, the version contract.
+
+One grading run of a small class in nbgrader's layout (submitted/<student>/ps1/), on exercise 02 (two checks of
+hand-made tensors: the cheapest exercise to judge), two notebooks at a time; the other tests need no kernel.
+"""
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minigrpo import __version__, grading
+from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
+from minigrpo.grading.framework import AFTER_TIMEOUT
+from minigrpo.grading.gradebook import class_grades, find_submissions, format_scores, write_gradebook
+from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission, collect
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISE = EXERCISES["02_group_relative_advantages"]
+NAME = f"{EXERCISE.id}.ipynb"
+
+IMPORTS = "import torch\nfrom minigrpo.grading import check_group_relative_advantages, check_rloo_advantages"
+GRPO = """
+def group_relative_advantages(grouped_rewards, eps=1e-4):
+    mean = grouped_rewards.mean(dim=1, keepdim=True)
+    std = grouped_rewards.std(dim=1, keepdim=True)
+    advantages = (grouped_rewards - mean) / (std + eps)
+    constant = grouped_rewards.max(dim=1, keepdim=True).values == grouped_rewards.min(dim=1, keepdim=True).values
+    return torch.where(constant, torch.zeros_like(advantages), advantages)
+"""
+RLOO = """
+def rloo_advantages(grouped_rewards):
+    G = grouped_rewards.shape[1]
+    return grouped_rewards - (grouped_rewards.sum(dim=1, keepdim=True) - grouped_rewards) / (G - 1)
+"""
+CHECK_GRPO = "check_group_relative_advantages(group_relative_advantages)"
+CHECK_RLOO = "check_rloo_advantages(rloo_advantages)"
+PASTED = "from minigrpo.grading import check_kl_k3\n\ncheck_kl_k3(lambda a, b: a - b)"  # exercise 05's check
+GRPO_LOOPS = """
+def group_relative_advantages(grouped_rewards, eps=1e-4):
+    while True:  # an infinite loop: it never returns
+        pass
+"""
+TIMEOUT = 90  # seconds per notebook in the class run
+
+
+def notebook(*sources: str, stamp: dict | None = None) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    if stamp is not None:
+        nb.metadata["minigrpo"] = stamp
+    return nb
+
+
+def handed_in(submitted: Path, student: str, name: str, nb) -> Path:
+    path = submitted / student / "ps1" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(nb, str):
+        path.write_text(nb)
+    else:
+        nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The class, graded once from the command line: (the JSON report, stderr, the gradebook CSV, wall seconds)."""
+    submitted = tmp_path_factory.mktemp("course") / "submitted"
+    current = EXERCISE.stamp(__version__)
+    older = {**current, "version": "0.0.1"}
+    # aaron comes first, so his notebook, whose function loops forever when the judge calls it, runs beside the others
+    handed_in(submitted, "aaron", NAME, notebook(IMPORTS, GRPO_LOOPS, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=older))
+    # bob renamed his copy and deleted the RLOO check's cell, pasted exercise 05's check, and handed in an empty copy
+    copy = notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, PASTED, stamp=current)
+    handed_in(submitted, "bob", f"Copy of {NAME}", copy)
+    handed_in(submitted, "bob", f"{EXERCISE.id} (1).ipynb", notebook(stamp=current))
+    handed_in(submitted, "carol", NAME, '{"cells": [ this is not a notebook')  # unreadable
+    handed_in(submitted, "dave", NAME, notebook())  # empty, unstamped: known by its file name
+    changed = {**current, "version": "0.0.1", "checks": {"check_group_relative_advantages": 4}}
+    handed_in(submitted, "erin", NAME, notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=changed))
+    gradebook = submitted.parent / "grades.csv"
+    command = [sys.executable, "-m", "minigrpo", "grade", str(submitted), "--json", "--jobs", "2"]
+    command += ["--timeout", str(TIMEOUT), "--csv", str(gradebook), "--checks-csv", str(submitted.parent / "c.csv")]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    with open(gradebook, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return json.loads(result.stdout), result.stderr, rows, seconds
+
+
+def by_student(report: dict) -> dict[str, list[dict]]:
+    students = {}
+    for notebook_report in report["notebooks"]:
+        students.setdefault(notebook_report["student"], []).append(notebook_report)
+    return students
+
+
+def checks_of(notebook_report: dict) -> dict[str, dict]:
+    return {c["check"]: c for c in notebook_report["checks"]}
+
+
+def test_every_notebook_is_graded_on_its_exercises_fixed_maximum(graded):
+    report, _, _, _ = graded
+    assert {n["exercise"] for n in report["notebooks"]} == {EXERCISE.id}
+    assert all(n["max_points"] == EXERCISE.max_points == 6 for n in report["notebooks"])
+    copy = next(n for n in by_student(report)["bob"] if Path(n["path"]).name.startswith("Copy of"))
+    assert (copy["points"], copy["status"], copy["identified_by"]) == (4, "ok", "metadata")
+
+
+def test_a_deleted_check_scores_zero_of_its_points_and_a_pasted_one_is_ignored(graded):
+    report, _, _, _ = graded
+    copy = next(n for n in by_student(report)["bob"] if Path(n["path"]).name.startswith("Copy of"))
+    checks = checks_of(copy)
+    assert list(checks) == ["check_group_relative_advantages", "check_rloo_advantages"]  # no check_kl_k3
+    assert checks["check_rloo_advantages"]["points"] == 0 and checks["check_rloo_advantages"]["max_points"] == 2
+    assert checks["check_rloo_advantages"]["not_run"] == NOT_FOUND
+    assert checks["check_group_relative_advantages"]["points"] == 4 and copy["points"] == 4
+    assert any("check_kl_k3 belongs to exercise 05_kl_k3_estimator" in note for note in copy["notes"])
+
+
+def test_empty_and_unreadable_notebooks_score_zero_of_the_maximum(graded):
+    report, _, _, _ = graded
+    (carol,) = by_student(report)["carol"]
+    (dave,) = by_student(report)["dave"]
+    assert (carol["status"], carol["points"], carol["max_points"]) == ("unreadable", 0, 6)
+    assert (dave["status"], dave["points"], dave["max_points"], dave["identified_by"]) == ("ok", 0, 6, "file name")
+    assert all(c["not_run"] == NOT_FOUND for c in dave["checks"])
+
+
+def test_renamed_copies_grade_as_their_exercise_and_the_best_of_several_counts(graded):
+    report, _, rows, _ = graded
+    bob = by_student(report)["bob"]
+    assert sorted(Path(n["path"]).name for n in bob) == [f"{EXERCISE.id} (1).ipynb", f"Copy of {NAME}"]
+    assert {n["exercise"] for n in bob} == {EXERCISE.id}
+    (grade,) = [s for s in report["students"] if s["student"] == "bob"]
+    assert grade["exercises"] == {EXERCISE.id: 4} and grade["points"] == 4  # the copy's 4, not the empty one's 0
+    assert any("2 notebooks of exercise 02" in note and "the best counts" in note for note in grade["notes"])
+
+
+def test_the_gradebook_has_one_row_per_student(graded):
+    report, _, rows, _ = graded
+    assert [r["student"] for r in rows] == ["aaron", "bob", "carol", "dave", "erin"]
+    assert list(rows[0]) == ["student", EXERCISE.id, "total", "max_points"]
+    totals = {r["student"]: (r[EXERCISE.id], r["total"], r["max_points"]) for r in rows}
+    assert totals["aaron"] == ("2", "2", "6") and totals["bob"] == ("4", "4", "6")
+    assert totals["carol"] == ("0", "0", "6") and totals["erin"] == ("0", "0", "6")
+    assert [s["student"] for s in report["students"]] == [r["student"] for r in rows]
+
+
+def test_another_versions_handout_is_graded_with_a_warning_or_refused_when_its_checks_changed(graded):
+    report, _, _, _ = graded
+    (aaron,) = by_student(report)["aaron"]
+    assert any("handed out with minigrpo 0.0.1, graded with minigrpo " + __version__ in n for n in aaron["notes"])
+    (erin,) = by_student(report)["erin"]
+    assert (erin["status"], erin["points"], erin["max_points"]) == ("refused", 0, 6)
+    assert "whose checks of exercise 02_group_relative_advantages differ" in erin["errors"][0]
+    assert erin["seconds"] == 0  # refused before any kernel started
+
+
+def test_a_function_that_loops_costs_its_own_check_within_the_notebooks_limit(graded):
+    report, _, _, _ = graded
+    (aaron,) = by_student(report)["aaron"]
+    assert aaron["time_limit"] == TIMEOUT and aaron["seconds"] <= TIMEOUT + 2  # + killing the kernel
+    checks = checks_of(aaron)
+    first, *rest = checks["check_group_relative_advantages"]["cases"]
+    assert first["message"].startswith("timed out: your function took longer than")
+    assert rest and all(c["message"] == AFTER_TIMEOUT for c in rest)  # one case's time, not each case's
+    assert checks["check_rloo_advantages"]["points"] == 2  # the next check had its own share of the time
+
+
+def test_progress_counts_the_graded_notebooks_and_names_their_students(graded):
+    report, stderr, _, _ = graded
+    lines = stderr.splitlines()
+    counts = [int(m.group(1)) for line in lines if (m := re.match(r"(\d+)/6 graded: (\w+) ", line))]
+    assert counts == list(range(1, 7))
+    assert any(line.startswith("6/6 graded: ") for line in lines)
+
+
+CALLS_ITS_CHECK = "check_kl_k3(kl_k3)"  # a NameError (nothing imported): the notebook is run, and judged on time
+STOPS = "while True:  # an experiment that never ends\n    pass"
+WILL_NOT_STOP = (
+    "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass"
+)
+
+
+@pytest.fixture(scope="module")
+def hanging_cells(tmp_path_factory):
+    """Two notebooks whose first cell hangs, graded at once with a limit of 24 s (12 s a cell) and a running line
+    every second: one cell stops when interrupted, the other catches KeyboardInterrupt. {student: report}, lines."""
+    folder = tmp_path_factory.mktemp("hanging")
+    submissions = []
+    for student, hang in [("stops", STOPS), ("will_not_stop", WILL_NOT_STOP)]:
+        path = folder / student / "05_kl_k3_estimator.ipynb"
+        path.parent.mkdir()
+        nbformat.write(notebook(hang, "after = 1", CALLS_ITS_CHECK), path)
+        submissions.append(Submission(path, student))
+    lines = []
+    reports = grading.grade_notebooks(submissions, timeout=24, jobs=2, progress=lines.append, heartbeat_s=1)
+    return {r.student: r for r in reports}, lines
+
+
+def test_the_cells_after_a_hanging_cell_still_run_within_the_limit(hanging_cells):
+    reports, _ = hanging_cells
+    stops = reports["stops"]
+    assert stops.seconds <= 24 + 2 and stops.max_points == 3
+    assert stops.errors[0] == (
+        "cell 0 ran out of time: it ran longer than 12 s (half the notebook's limit), was interrupted, "
+        "and the cells after it still ran"
+    )
+    assert any(e.startswith("NameError") for e in stops.errors)  # the check's cell ran: the cells after it did
+
+
+def test_a_cell_that_does_not_stop_when_interrupted_ends_the_notebook_saying_it_ran_out_of_time(hanging_cells):
+    reports, _ = hanging_cells
+    stuck = reports["will_not_stop"]
+    assert stuck.status == "timed out" and stuck.seconds <= 24 + 2
+    assert stuck.errors[0].startswith("cell 0 ran out of time (over 12 s) and did not stop when interrupted: ")
+    assert "the notebook ran out of time; the cells after it did not run (limit 24 s (--timeout))" in stuck.errors[0]
+    assert stuck.checks[0]["points"] == 0 and stuck.checks[0]["not_run"] == "the notebook timed out"  # never ran
+
+
+def test_running_lines_come_at_least_every_heartbeat_while_notebooks_run(hanging_cells):
+    _, lines = hanging_cells
+    running = [line for line in lines if line.startswith("0/2 graded; running: ")]
+    assert len(running) >= 3 and "stops 05_kl_k3_estimator.ipynb (" in running[0]
+    assert [line.split(":")[0] for line in lines if " graded: " in line] == ["1/2 graded", "2/2 graded"]
+
+
+# --- the pieces, without a kernel ---------------------------------------------------------------------
+def test_every_check_belongs_to_exactly_one_exercise_and_its_solution_calls_all_of_them():
+    owned = [name for e in EXERCISES.values() for name in e.checks]
+    assert sorted(owned) == sorted(grading.CASES) and len(owned) == len(set(owned))
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        exercise = EXERCISES[path.stem]
+        assert grading.expected_checks(nb) == list(exercise.checks), path.name
+        assert nb.metadata["minigrpo"] == exercise.stamp(__version__), "run python scripts/make_exercises.py"
+
+
+def test_the_default_limit_is_three_times_the_solutions_grading_time_and_help_shows_it(capsys):
+    from minigrpo.__main__ import build_parser
+
+    for exercise in EXERCISES.values():
+        assert exercise.time_limit <= TIME_LIMIT_FACTOR * exercise.solution_seconds < exercise.time_limit + 1
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["grade", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"02 {EXERCISE.time_limit} s" in help_text and "3x the time its solution takes to grade" in help_text
+
+
+@pytest.mark.parametrize(
+    "name",
+    [NAME, f"Copy of {NAME}", f"{EXERCISE.id} (1).ipynb", f"{EXERCISE.id}-Copy1.ipynb", "02_mine.ipynb"],
+)
+def test_renamed_file_names_name_their_exercise(name):
+    assert from_file_name(name) is EXERCISE
+
+
+@pytest.mark.parametrize("name", ["homework.ipynb", "2024_notes.ipynb", "20_future.ipynb"])
+def test_other_file_names_name_no_exercise(name):
+    assert from_file_name(name) is None
+
+
+def test_identity_comes_from_the_stamp_then_the_file_name_then_the_checks():
+    stamp = {"minigrpo": EXERCISE.stamp(__version__)}
+    by_stamp = identify(stamp, "05_kl_k3_estimator.ipynb", [], __version__)
+    assert (by_stamp.exercise, by_stamp.by) == (EXERCISE, "metadata")
+    assert "file name says exercise 05_kl_k3_estimator" in by_stamp.warnings[0]
+    assert identify({}, "Copy of 02_x.ipynb", ["check_kl_k3"], __version__).exercise is EXERCISE
+    by_checks = identify({}, "mine.ipynb", ["check_kl_k3"], __version__)
+    assert (by_checks.exercise.id, by_checks.by) == ("05_kl_k3_estimator", "checks")
+    unknown = identify({}, "mine.ipynb", ["check_kl_k3", "check_rloo_advantages"], __version__)
+    assert unknown.exercise is None and "left out of the gradebook" in unknown.warnings[0]
+
+
+def test_the_version_contract_warns_when_checks_match_and_refuses_when_they_changed():
+    same = identify({"minigrpo": {**EXERCISE.stamp("0.0.1")}}, NAME, [], "9.9.9")
+    assert same.refusal is None
+    assert same.warnings == [
+        "handed out with minigrpo 0.0.1, graded with minigrpo 9.9.9: exercise 02_group_relative_advantages's checks "
+        "are the same in both"
+    ]
+    renamed = {**EXERCISE.stamp("0.0.1"), "checks": {"check_group_relative_advantages": 4, "check_rloo": 2}}
+    assert "differ from minigrpo 9.9.9's" in identify({"minigrpo": renamed}, NAME, [], "9.9.9").refusal
+    revised = {**EXERCISE.stamp("0.0.1"), "revision": EXERCISE.revision + 1}
+    assert identify({"minigrpo": revised}, NAME, [], "9.9.9").refusal is not None
+    assert identify({"minigrpo": EXERCISE.stamp(__version__)}, NAME, [], __version__).warnings == []
+
+
+def test_students_come_from_nbgraders_layout_a_folder_each_or_the_file_name(tmp_path):
+    for relative in ["submitted/ann/ps1/02_a.ipynb", "folders/ben/02_a.ipynb", "flat/cat.ipynb"]:
+        (tmp_path / relative).parent.mkdir(parents=True)
+        nbformat.write(notebook(), tmp_path / relative)
+    assert [s.student for s in find_submissions(tmp_path / "submitted")] == ["ann"]
+    assert [s.student for s in find_submissions(tmp_path / "folders")] == ["ben"]
+    assert [s.student for s in find_submissions(tmp_path / "flat")] == ["cat"]
+    assert [s.student for s in find_submissions(tmp_path / "flat" / "cat.ipynb")] == ["cat"]
+
+
+def report_of(student: str, name: str, points: float, exercise: str | None = EXERCISE.id) -> NotebookReport:
+    checks = [{"check": "check_group_relative_advantages", "points": points, "max_points": 4, "cases": []}]
+    return NotebookReport(f"{student}/{name}", checks=checks, student=student, exercise=exercise)
+
+
+def test_class_grades_keep_the_best_of_several_notebooks_and_leave_unknown_ones_out(tmp_path):
+    reports = [
+        report_of("ann", "a.ipynb", 1),
+        report_of("ann", "b.ipynb", 3),
+        report_of("ann", "c.ipynb", 3),  # a tie: the first path counts
+        report_of("ben", "x.ipynb", 2, exercise=None),
+    ]
+    grades = class_grades(reports)
+    ann, ben = grades.students
+    assert ann.exercises[EXERCISE.id] is reports[1] and ann.points == 3
+    assert (
+        "3 notebooks of exercise 02_group_relative_advantages" in ann.notes[0] and "counts, ann/b.ipynb" in ann.notes[0]
+    )
+    assert ben.exercises == {} and "left out of the gradebook" in ben.notes[0]
+    write_gradebook(reports, tmp_path / "g.csv")
+    assert (tmp_path / "g.csv").read_text().splitlines() == [
+        f"student,{EXERCISE.id},total,max_points",
+        "ann,3,3,6",
+        "ben,,0,6",  # not handed in: an empty cell, 0 in the total
+    ]
+
+
+def test_every_line_of_the_table_about_a_notebook_names_its_student(tmp_path):
+    path = tmp_path / "ann" / NAME
+    path.parent.mkdir()
+    nbformat.write(notebook(IMPORTS, CHECK_GRPO), path)
+    report = NotebookReport(str(path), student="ann", exercise=EXERCISE.id)
+    collect(nbformat.read(path, as_version=4), {}, report)
+    table = format_scores([report])
+    assert re.search(rf"ann\s+{EXERCISE.id}\s+check_rloo_advantages\s+0\s+2", table)
+    lost = table.split("what lost points:")[1].split("\n\n")[0].strip().splitlines()
+    assert lost and all(line.strip().startswith(f"ann / {EXERCISE.id} ({NAME})") for line in lost)
+    assert f"ann / {EXERCISE.id} ({NAME}) / check_rloo_advantages: did not run ({NOT_FOUND})" in table
