@@ -10,7 +10,8 @@ A checkpoint is a folder ``output_dir/checkpoint-{step}/``:
 | trainer_state.pt             | tensors and plain numbers only: optimizer (AdamW moments), torch's and   |
 |                              | CUDA's RNG states; read with ``torch.load(weights_only=True)``           |
 | trainer_state.json           | step, metric history, prompt sampler, Python's RNG state (a list of ints) |
-| training_args.json           | the run's config, model and reward functions: a resume compares them     |
+| training_args.json           | the run's config, model, reward functions and training set (fingerprint): |
+|                              | a resume compares them                                                   |
 | adapter_model.safetensors    | instead, for a LoRA policy: its adapters (+ adapter_config.json)          |
 
 "Exactly" means bit for bit: the same weights after steps 1..4 whether or not
@@ -26,9 +27,9 @@ checkpoints are shared between learners only because every file is tensors
 
 Robust to faults: everything is written to a hidden temporary folder that is
 renamed at the end, so a run killed mid-save (a Colab disconnect) never leaves
-a half-written ``checkpoint-N``; a failed write (a full disk) removes the
-temporary folder; a resume reads every file of the newest checkpoint before
-changing anything and falls back to an older one when a file is truncated or
+a half-written ``checkpoint-N``; any failed write (a full disk, a file-size limit)
+removes the temporary folder and names its cause (save_failure); a resume reads
+every file of the newest checkpoint before changing anything and falls back to an older one when a file is truncated or
 garbage (``find_resumable``); folders not named ``checkpoint-<int>`` are not
 checkpoints. The output folder is locked while a trainer uses it
 (``output_dir_lock``).
