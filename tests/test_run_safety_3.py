@@ -222,7 +222,7 @@ def test_a_signal_during_a_save_leaves_the_last_logged_step_with_its_checkpoint(
 def test_a_signal_at_a_random_moment_of_a_save_never_loses_the_checkpoint(tmp_path):
     """The race, 40 times on a stand-in (a 512x512 layer: about 3 MB of weights and moments): SIGTERM at a random
     moment before, during or just after the write. Without signals_deferred, a signal landing inside
-    write_checkpoint left a .tmp folder and no checkpoint."""
+    write_checkpoint left a .tmp folder and no checkpoint. A signal before the save began stops it from starting."""
     modules, optimizer = stand_in_state(width=512)
     started = time.perf_counter()
     write(tmp_path / "timing", 1, modules, optimizer)
@@ -232,13 +232,13 @@ def test_a_signal_at_a_random_moment_of_a_save_never_loses_the_checkpoint(tmp_pa
         output = tmp_path / f"try-{attempt}"
         delay = rng.uniform(0, 1.2 * duration)
         timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM))
-        interrupted, saved_at = False, None
+        interrupted, began = False, False
         with termination_as_interrupt():
-            timer.start()
             try:
+                timer.start()
                 with signals_deferred():
+                    began = True
                     write(output, 1, modules, optimizer)
-                    saved_at = time.perf_counter()
                 timer.join()
                 deadline = time.monotonic() + 1
                 while time.monotonic() < deadline:  # the handler runs between bytecodes: give it the chance
@@ -247,8 +247,10 @@ def test_a_signal_at_a_random_moment_of_a_save_never_loses_the_checkpoint(tmp_pa
                 interrupted = True
             timer.join()
         assert interrupted, f"try {attempt}: the signal was lost"
-        assert leftovers(output) == [] and read_checkpoint(output / "checkpoint-1", modules)["step"] == 1
-        during += saved_at is None or delay < duration
+        assert not output.exists() or leftovers(output) == []
+        if began:  # a save that began was finished, whenever the signal came
+            assert read_checkpoint(output / "checkpoint-1", modules)["step"] == 1
+        during += began and delay < duration
     assert during >= 10  # most signals did land inside a save
 
 
