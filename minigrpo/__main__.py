@@ -3,6 +3,7 @@
 python -m minigrpo train                      # tiny Qwen on the CPU, ~5 minutes
 python -m minigrpo train --max-steps 20 --beta 0 --loss-type dapo
 python -m minigrpo train --resume             # continue from the last checkpoint
+python -m minigrpo train --resume --allow-dataset-change  # ... on another training set (sampler restarted)
 python -m minigrpo eval --model runs/minigrpo/final
 python -m minigrpo pretrain-tiny              # rebuild the bundled tiny Qwen
 torchrun --nproc-per-node 2 -m minigrpo train # data-parallel on 2 processes (GPUs, or CPU with gloo)
@@ -158,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --resume: continue even though training-defining flags differ from the checkpoint's run",
     )
+    train.add_argument(
+        "--allow-dataset-change",
+        action="store_true",
+        help="with --resume: continue on this training set although the checkpoint's run trained on another one "
+        "(the prompt sampler starts afresh)",
+    )
     train.add_argument("--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems for accuracy")
     _config_flags(train)
 
@@ -245,7 +252,7 @@ def run_train(args: argparse.Namespace) -> None:
     model, tokenizer = load_checked(model_name)
     train_data = make_arithmetic_dataset(TRAIN_PROMPTS, "train", seed=config.seed)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=0)
-    reward_funcs = [correctness_reward, format_reward]  # the first one is eval_accuracy
+    reward_funcs = [correctness_reward, format_reward]  # eval_accuracy: correctness_reward's mean
     processes = f" on {distributed.world_size()} processes" if distributed.is_distributed() else ""
     say(
         f"model {model_name} on {next(model.parameters()).device}{processes}; "
@@ -257,7 +264,11 @@ def run_train(args: argparse.Namespace) -> None:
         model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
     )
     started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=args.resume, allow_config_change=args.allow_config_change)
+    trainer.train(
+        resume_from_checkpoint=args.resume,
+        allow_config_change=args.allow_config_change,
+        allow_dataset_change=args.allow_dataset_change,
+    )
     history = trainer.state.log_history
     final = trainer.save_model(Path(config.output_dir) / "final")
     after = next((m["eval_accuracy"] for m in reversed(history) if "eval_accuracy" in m), None)

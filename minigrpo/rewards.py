@@ -55,6 +55,39 @@ def reward_func_name(func: RewardFunc) -> str:
     return getattr(func, "__name__", type(func).__name__)
 
 
+ACCURACY_REWARD_NAMES = ("correctness_reward", "accuracy_reward")
+"""Names of an accuracy reward: the course's (tasks.arithmetic.correctness_reward) and TRL's
+(trl.rewards.accuracy_reward)."""
+
+
+def accuracy_reward_index(reward_funcs: Sequence[RewardFunc]) -> int:
+    """Which of `reward_funcs` is the accuracy reward (eval_accuracy, frac_reward_zero_std/all_correct): the first
+    one marked ``func.is_accuracy_reward = True``, else the first named as in ACCURACY_REWARD_NAMES, else the
+    first function (then the trainer warns which one it reads: accuracy_reward_note). Whatever the order of
+    reward_funcs: TRL scripts often list the format reward first."""
+    for f, func in enumerate(reward_funcs):
+        if getattr(func, "is_accuracy_reward", False):
+            return f
+    names = [reward_func_name(func) for func in reward_funcs]
+    return next((f for f, name in enumerate(names) if name in ACCURACY_REWARD_NAMES), 0)
+
+
+def accuracy_reward_note(reward_funcs: Sequence[RewardFunc]) -> str | None:
+    """A warning when eval_accuracy falls back to the first of several reward functions, naming it; else None."""
+    f = accuracy_reward_index(reward_funcs)
+    func = reward_funcs[f] if reward_funcs else None
+    recognised = func is not None and (
+        getattr(func, "is_accuracy_reward", False) or reward_func_name(func) in ACCURACY_REWARD_NAMES
+    )
+    if len(reward_funcs) < 2 or recognised:
+        return None
+    return (
+        f"eval_accuracy (and frac_reward_zero_std/all_correct) will read {reward_func_name(func)!r}, the first "
+        "reward function, as the accuracy reward: no function is named correctness_reward or accuracy_reward. "
+        "Mark yours with `my_reward.is_accuracy_reward = True`."
+    )
+
+
 # --- what a reward function receives -------------------------------------------------
 def is_conversational(prompt) -> bool:
     """A prompt given as chat messages ([{"role": ..., "content": ...}, ...]) rather than as text."""
@@ -109,6 +142,10 @@ class RewardExtras:
 
 
 EXTRA_KEYWORDS = {"completion_ids", *RewardExtras.KEYWORDS}
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", *RewardExtras.KEYWORDS)
+"""The keywords every reward function gets from the trainer. A dataset column of one of these names would replace
+it (the dataset's columns are passed as keywords too), so it is refused (run.datasets.check_columns and
+compute_rewards); TRL fails on prompts and completions and drops the others."""
 
 
 def is_async_reward(func: RewardFunc) -> bool:
@@ -283,6 +320,12 @@ def compute_rewards(
         )
     if reward_timeout is not None and not reward_timeout > 0:
         raise ValueError(f"reward_timeout={reward_timeout}: give a positive number of seconds, or None for no limit.")
+    shadowing = [name for name in columns if name in RESERVED_COLUMNS]
+    if shadowing:
+        raise ValueError(
+            f"a dataset column is named {shadowing[0]!r}, a keyword every reward function gets from the trainer "
+            f"({', '.join(RESERVED_COLUMNS)}): it would replace what they receive. Rename the column."
+        )
     keywords = {**columns, **(extras or RewardExtras()).as_kwargs()}
     async_funcs = [f for f, func in enumerate(reward_funcs) if is_async_reward(func)]
     scores: dict[int, list[float]] = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -40,11 +41,18 @@ from minigrpo.models import (
     resolve_model_and_tokenizer,
     set_gradient_checkpointing,
 )
-from minigrpo.rewards import RewardExtras, RewardFunc, as_trl_completions, compute_rewards, resolve_reward_funcs
+from minigrpo.rewards import (
+    RewardExtras,
+    RewardFunc,
+    accuracy_reward_note,
+    as_trl_completions,
+    compute_rewards,
+    resolve_reward_funcs,
+)
 from minigrpo.rollout import Rollout, check_prompt_length, render_prompts, repeat_for_group, sample_group_rollout
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.checkpoints import METRICS_FILE
-from minigrpo.run.datasets import as_dataset, check_prompts
+from minigrpo.run.datasets import as_dataset, check_columns, check_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
@@ -58,6 +66,27 @@ if TYPE_CHECKING:  # imported where train() returns: transformers.trainer_utils 
 
 class NonFiniteError(FloatingPointError):
     """The loss or the gradient norm of a step is NaN or inf; the step was not applied."""
+
+
+HUGE_ADVANTAGE = 1e6
+"""An advantage beyond this is the likely cause of a non-finite loss or gradient, not the learning rate: scaled
+advantages (scale_rewards "group" or "batch") stay within a few units, and unscaled ones are rewards minus a mean,
+which no usual reward takes this far; the loss multiplies them into every token's gradient."""
+
+
+def advantage_overflow(advantages: torch.Tensor | None, config: GRPOConfig) -> str | None:
+    """What to say when a non-finite loss or gradient comes from the advantages (N,) rather than the learning rate:
+    some are non-finite or beyond HUGE_ADVANTAGE in magnitude. None otherwise (or when they are not known)."""
+    if advantages is None or advantages.numel() == 0:
+        return None
+    largest = advantages.detach().abs().max().item()
+    if largest <= HUGE_ADVANTAGE:  # NaN compares False: a NaN advantage is blamed too
+        return None
+    unscaled = " (scale_rewards='none' leaves them as large as the rewards)" if config.scale_rewards == "none" else ""
+    return (
+        f"the advantages, which reach {largest:.3g} in magnitude{unscaled}: the loss multiplies them into the "
+        "gradient, which overflows float32. Scale the rewards down (to about [-1, 1]) or set scale_rewards='group'"
+    )
 
 
 # --- the shared loop ----------------------------------------------------------------
@@ -137,6 +166,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         # checkpoint_on_failure compares it before and after a block to know whether the weights have changed.
         self.optimizer_steps = 0
         self.optimizer.register_step_post_hook(self._count_optimizer_step)
+        self.save_attempts = 0  # save_checkpoint calls: checkpoint_on_failure saves no block twice
         self.base_learning_rates = [group["lr"] for group in self.optimizer.param_groups]  # lr_at scales each
         self.sampler = PromptSampler(len(train_dataset), self.config.seed, self.config.shuffle_dataset)
         self.max_steps = resolve_max_steps(self.config, len(train_dataset), self.optimizer_steps_per_generation())
@@ -204,6 +234,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                     f"{name} has columns {dataset.column_names} but no 'prompt' column: rename the column that "
                     "holds the prompts (chat messages or strings) to 'prompt'."
                 )
+            check_columns(dataset.column_names, name)
             if len(dataset) == 0:
                 raise ValueError(f"{name} is empty: give it at least one prompt.")
             check_prompts(dataset["prompt"], name)
@@ -227,6 +258,9 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                 "reward_funcs is empty: give one or more functions f(prompts, completions, completion_ids, **kw) "
                 "or reward models."
             )
+        note = accuracy_reward_note(self.reward_funcs)
+        if note and distributed.is_main_process():
+            warnings.warn(note, stacklevel=3)
 
     def _check_dynamic_sampling(self) -> None:
         if not self.supports_dynamic_sampling:
@@ -246,19 +280,27 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         return self.tokenizer(render_prompts(self.tokenizer, list(prompts)), add_special_tokens=False)["input_ids"]
 
     # --- the loop -----------------------------------------------------------------
-    def train(self, resume_from_checkpoint: bool | str | None = None, allow_config_change: bool = False) -> TrainOutput:
+    def train(
+        self,
+        resume_from_checkpoint: bool | str | None = None,
+        allow_config_change: bool = False,
+        allow_dataset_change: bool = False,
+    ) -> TrainOutput:
         """Run until max_steps optimizer steps (or until a callback sets control.should_training_stop).
 
         Each generation: sample and score a rollout (stages 1-2), update the policy on it (stages 3-4: one or
         more optimizer steps), then log every logging_steps, evaluate every eval_steps and save every save_steps.
-        A generation that fails before its first optimizer step, or whose logging or evaluation fails, saves the
-        state it began in, so a resumed run redoes it exactly (checkpoint_on_failure).
+        A generation that fails before its first optimizer step, or whose logging or evaluation fails (or is
+        interrupted before its checkpoint is written), saves the state it began in, so a resumed run redoes it
+        exactly (checkpoint_on_failure).
 
         Returns TRL's TrainOutput(global_step, training_loss, metrics) (run.trl_api.train_output); the per-step
         metrics are in trainer.state.log_history.
         resume_from_checkpoint: True = the newest checkpoint in output_dir that reads completely (a fresh, seeded
         run when there is none), a path = that checkpoint. allow_config_change: resume even though
         training-defining fields (learning_rate, G, beta, ...) differ from the checkpoint's run.
+        allow_dataset_change: resume even though train_dataset is not the one the checkpoint was trained on (its
+        fingerprint differs): the run continues on the new set, its prompt sampler starting afresh.
         Without resume, an output_dir holding an earlier run is refused unless config.overwrite_output_dir.
         output_dir is locked while training: a second trainer on it gets an error.
         """
@@ -266,7 +308,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
         lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
         with lock, termination_as_interrupt():  # SIGTERM / SIGHUP save and stop as Ctrl-C does
-            self._begin(resume_from_checkpoint, allow_config_change)
+            self._begin(resume_from_checkpoint, allow_config_change, allow_dataset_change)
             self.model.train()
             progress = self._progress_bar()
             first_step, loss_sum, started = self.step, 0.0, time.perf_counter()
@@ -288,12 +330,12 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                 loss_sum += metrics.get("loss", 0.0) * (self.step - before)
                 unlogged.append(metrics)
                 evaluate = self._evaluation_due(before)
-                if evaluate or self._due(before, config.logging_steps):
-                    with self.checkpoint_on_failure(f"evaluating or logging step {self.step}", unlogged):
+                with self.checkpoint_on_failure(f"logging, evaluating or saving step {self.step}", unlogged):
+                    if evaluate or self._due(before, config.logging_steps):
                         self._log(average_metrics(unlogged) | (self.evaluate() if evaluate else {}))
-                    unlogged = []
-                if config.save_strategy == "steps" and self._due(before, config.save_steps):
-                    self.save_checkpoint()
+                        unlogged.clear()
+                    if config.save_strategy == "steps" and self._due(before, config.save_steps):
+                        self.save_checkpoint()  # Ctrl-C / SIGTERM wait until it is written
                 progress.update(self.step - before)
                 progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
                 control = self.callback_handler.fire("on_step_end", self)
@@ -434,31 +476,40 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         (the last micro-batch of a step; the others accumulate locally). In one process: nothing to do."""
         return distributed.gradient_sync(self.model if self.ddp_policy is None else self.ddp_policy, enabled)
 
-    def backward(self, loss: torch.Tensor, which: str) -> None:
+    def backward(self, loss: torch.Tensor, which: str, advantages: torch.Tensor | None = None) -> None:
         """loss.backward(), once the loss is known to be finite: a NaN or inf loss would turn every weight into NaN,
-        so it stops the run before backward, with what to change. which: the completions it is the loss of."""
+        so it stops the run before backward, with what to change. which: the completions it is the loss of;
+        advantages: theirs, (n,), so that huge ones are named as the cause (advantage_overflow)."""
         if not torch.isfinite(loss).all():
             config = self.config
+            cause = advantage_overflow(advantages, config) or (
+                f"log-probs that overflowed (learning_rate={config.learning_rate:g} too high for this model, so the "
+                f"last updates diverged) or, with beta={config.beta:g}, a policy far from the reference (the KL's "
+                "exp overflows). Lower learning_rate (or beta)"
+            )
             raise NonFiniteError(
-                f"step {self.step + 1}: the loss of {which} is {loss.item()}, so "
-                f"the update was not applied. Likely cause: log-probs that overflowed (learning_rate="
-                f"{config.learning_rate:g} too high for this model, so the last updates diverged) or, with beta="
-                f"{config.beta:g}, a policy far from the reference (the KL's exp overflows). Lower learning_rate "
-                "(or beta) and resume from the last checkpoint (allow_config_change=True)."
+                f"step {self.step + 1}: the loss of {which} is {loss.item()}, so the update was not applied. Likely "
+                f"cause: {cause}, and resume from the last checkpoint (allow_config_change=True)."
             )
         loss.backward()
 
-    def clip_gradients(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+    def clip_gradients(
+        self, params: list[torch.nn.Parameter], max_norm: float, advantages: torch.Tensor | None = None
+    ) -> float:
         """Clip the gradient norm of `params` to max_norm (0 = no clipping) and return the norm before clipping.
-        An inf or NaN norm stops the run: clipping cannot rescue it, and the step would put it in the weights."""
+        An inf or NaN norm stops the run: clipping cannot rescue it, and the step would put it in the weights.
+        advantages: the step's, (n,), so that huge ones are named as the cause (advantage_overflow)."""
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP2: a DTensor
         if not math.isfinite(norm):
+            cause = advantage_overflow(advantages, self.config) or (
+                f"an overflow in the backward pass (learning_rate={self.config.learning_rate:g} too high for this "
+                "model, or reduced precision); lower learning_rate"
+            )
             raise NonFiniteError(
                 f"step {self.step + 1}: the gradient norm is {norm} although the loss was finite, so the update "
-                f"was not applied. Likely cause: an overflow in the backward pass (learning_rate="
-                f"{self.config.learning_rate:g} too high for this model, or reduced precision); lower learning_rate "
-                "and resume from the last checkpoint (allow_config_change=True)."
+                f"was not applied. Likely cause: {cause}, and resume from the last checkpoint "
+                "(allow_config_change=True)."
             )
         return norm
 
@@ -591,13 +642,15 @@ class GRPOTrainer(Trainer):
                     config,
                     num_items_in_batch,
                 )
-                self.backward(loss * loss_scale, f"completions {rows.start}-{rows.stop - 1}")
+                self.backward(loss * loss_scale, f"completions {rows.start}-{rows.stop - 1}", advantages[rows])
             step_loss += loss.item() * loss_scale
             metrics["entropy"] = masked_mean(entropy.detach(), loss_mask[rows]).item()
             micro_metrics.append(metrics)
         totals = average_metrics(micro_metrics)  # the other metrics: means over the micro-batches
         totals["loss"] = step_loss
-        totals["grad_norm"] = self.clip_gradients(self.trainable_parameters(), config.max_grad_norm)
+        totals["grad_norm"] = self.clip_gradients(
+            self.trainable_parameters(), config.max_grad_norm, advantages[step_rows]
+        )
         totals["learning_rate"] = self.set_learning_rate(self.step if lr_step is None else lr_step)
         self.optimizer.step()
         return totals

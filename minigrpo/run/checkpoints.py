@@ -10,7 +10,8 @@ A checkpoint is a folder ``output_dir/checkpoint-{step}/``:
 | trainer_state.pt             | tensors and plain numbers only: optimizer (AdamW moments), torch's and   |
 |                              | CUDA's RNG states; read with ``torch.load(weights_only=True)``           |
 | trainer_state.json           | step, metric history, prompt sampler, Python's RNG state (a list of ints) |
-| training_args.json           | the run's config, model and reward functions: a resume compares them     |
+| training_args.json           | the run's config, model, reward functions and training set (fingerprint): |
+|                              | a resume compares them                                                   |
 | adapter_model.safetensors    | instead, for a LoRA policy: its adapters (+ adapter_config.json)          |
 
 "Exactly" means bit for bit: the same weights after steps 1..4 whether or not
@@ -26,9 +27,9 @@ checkpoints are shared between learners only because every file is tensors
 
 Robust to faults: everything is written to a hidden temporary folder that is
 renamed at the end, so a run killed mid-save (a Colab disconnect) never leaves
-a half-written ``checkpoint-N``; a failed write (a full disk) removes the
-temporary folder; a resume reads every file of the newest checkpoint before
-changing anything and falls back to an older one when a file is truncated or
+a half-written ``checkpoint-N``; any failed write (a full disk, a file-size limit)
+removes the temporary folder and names its cause (save_failure); a resume reads
+every file of the newest checkpoint before changing anything and falls back to an older one when a file is truncated or
 garbage (``find_resumable``); folders not named ``checkpoint-<int>`` are not
 checkpoints. The output folder is locked while a trainer uses it
 (``output_dir_lock``).
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import math
 import os
@@ -152,15 +154,19 @@ PEFT_SHAPE_FIELDS = ("r", "target_modules")
 """LoRA settings that decide the adapters' shapes: a checkpoint cannot be resumed with others, even allowed."""
 
 
-def run_args(config: GRPOConfig, model: torch.nn.Module, reward_func_names: list[str]) -> dict:
-    """What training_args.json records: the config (every field), its class, the model, the reward functions and
-    the LoRA settings (peft_config; None for a full run)."""
+def run_args(
+    config: GRPOConfig, model: torch.nn.Module, reward_func_names: list[str], train_dataset: dict | None = None
+) -> dict:
+    """What training_args.json records: the config (every field), its class, the model, the reward functions,
+    the LoRA settings (peft_config; None for a full run) and the training set (run.datasets.dataset_record: its
+    rows, columns and fingerprint), which a resume compares."""
     return {
         "config_class": type(config).__name__,
         "config": dataclasses.asdict(config),
         "model": model_id(model),
         "reward_funcs": list(reward_func_names),
         "peft_config": peft_args(model),
+        "train_dataset": train_dataset,
     }
 
 
@@ -192,12 +198,25 @@ def check_same_kind_of_run(path: Path, args: dict, model: torch.nn.Module) -> No
             )
 
 
+FIELDS_ADDED = {
+    "model_init_kwargs": ("0.3.0", None),  # 0.1 / 0.2 loaded the model with from_pretrained's defaults
+    "trust_remote_code": ("0.3.0", False),  # 0.1 / 0.2 never ran a model folder's own code
+    "push_to_hub": ("0.3.0", False),  # 0.1 / 0.2 never uploaded
+    "resume_from_checkpoint": ("0.3.0", None),  # TRL's field; 0.1 / 0.2 resumed only through train()
+}
+"""Config fields added since checkpoints became readable (format 2, minigrpo 0.1.0): name -> (the release that added
+it, the value every run before it behaved as). A checkpoint that lacks one is compared as if it held that value;
+a field it lacks that is not here cannot be compared, and a resume names it (changed_run_fields). Add a line here
+whenever GRPOConfig (or PPOConfig) gains a field."""
+
+
 def changed_run_fields(saved: dict, current: dict) -> list[str]:
     """The training-defining differences between two run_args(), as "name: saved -> current" lines.
 
     Fields in config.RESUME_FREE_FIELDS (run length, logging, memory knobs) may change on a resume; max_steps
-    defines the run when the learning rate decays linearly to 0 at max_steps. Fields only one side knows (a
-    newer or older minigrpo) are not compared.
+    defines the run when the learning rate decays linearly to 0 at max_steps. A field the checkpoint lacks (it
+    was written by an older minigrpo) counts as the value its release used (FIELDS_ADDED), and is named as a
+    change when that is not known; so is a field this minigrpo does not know (a newer one wrote the checkpoint).
     """
     changes = [
         f"{key}: {saved[key]!r} -> {current[key]!r}"
@@ -211,14 +230,43 @@ def changed_run_fields(saved: dict, current: dict) -> list[str]:
             for name in sorted(old_peft.keys() & new_peft.keys())
             if old_peft[name] != new_peft[name]
         ]
+    elif new_peft and "peft_config" not in saved:  # a LoRA run of 0.1 / 0.2, which did not record its settings
+        changes.append(f"peft_config: not recorded (minigrpo before 0.3.0) -> {new_peft!r}")
     old, new = saved.get("config", {}), current["config"]
     free = set(RESUME_FREE_FIELDS)
     if "linear" in (old.get("lr_scheduler_type"), new.get("lr_scheduler_type")):
         free.discard("max_steps")
-    for name in sorted(old.keys() & new.keys() - free):
-        if json_safe(old[name]) != json_safe(new[name]):
-            changes.append(f"{name}: {old[name]!r} -> {new[name]!r}")
+    for name in sorted(old.keys() - new.keys() - free):
+        changes.append(f"{name}: {old[name]!r} -> a field this minigrpo does not know (a newer one wrote it)")
+    for name in sorted(new.keys() - free):
+        if name in old:
+            before = old[name]
+        elif name in FIELDS_ADDED:
+            before = FIELDS_ADDED[name][1]
+        else:
+            changes.append(f"{name}: not recorded (the checkpoint predates it: its value is unknown) -> {new[name]!r}")
+            continue
+        if json_safe(before) != json_safe(new[name]):
+            added = f" (before {FIELDS_ADDED[name][0]}, which added it)" if name not in old else ""
+            changes.append(f"{name}: {before!r}{added} -> {new[name]!r}")
     return changes
+
+
+def changed_train_dataset(saved: dict, current: dict) -> str | None:
+    """How the training set of run_args() `current` differs from the checkpoint's (`saved`), or None when it is
+    the same one or the checkpoint predates the record (minigrpo before 0.3.0: nothing to compare)."""
+    old, new = saved.get("train_dataset"), current.get("train_dataset")
+    if not old or not new or old.get("fingerprint") == new.get("fingerprint"):
+        return None
+    return f"the checkpoint's run trained on {describe_dataset(old)}; this trainer has {describe_dataset(new)}"
+
+
+def describe_dataset(record: dict) -> str:
+    """One dataset_record() in words: 16 rows (fingerprint 3f2a9c1b0d4e, first prompt 'What is 3 + 4?')."""
+    return (
+        f"{record.get('rows')} rows (fingerprint {str(record.get('fingerprint'))[:12]}, first prompt "
+        f"{record.get('first_prompt')!r})"
+    )
 
 
 # --- one module's weights ---------------------------------------------------------------
@@ -365,9 +413,11 @@ def write_checkpoint(
 
     `modules` maps a name to a trained module: "model" (the policy) goes to the
     folder itself, any other name to a subfolder of that name. `args`: run_args()
-    (training_args.json). Non-finite weights are refused (CheckpointError); a
-    failed write (a full disk) removes the temporary folder and raises an
-    OSError that says which checkpoint and why, in one line.
+    (training_args.json). Non-finite weights are refused (CheckpointError). Any
+    failure removes the temporary folder; a failed write (a full disk, a file-size
+    limit, no permission) raises an OSError that names the checkpoint, the cause
+    and what to do, in one line (save_failure), whatever the writer raised: torch
+    and safetensors raise RuntimeError and their own error types, not OSError.
     """
     _check_finite_weights(modules)
     output_dir = Path(output_dir)
@@ -385,21 +435,60 @@ def write_checkpoint(
             "rng_torch": rng["torch"],
             "rng_cuda": list(rng.get("cuda", [])),
         }
-        torch.save(tensors, tmp / STATE_FILE)
+        with open(tmp / STATE_FILE, "wb") as file:  # a Python file: a failed write keeps its OSError (errno)
+            torch.save(tensors, file)
         plain = {"format": FORMAT, "step": step, "sampler": sampler_state, "rng_python": rng["python"]}
         (tmp / HISTORY_FILE).write_text(dumps({**plain, "history": history}, indent=1))
         (tmp / ARGS_FILE).write_text(dumps(args or {}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-    except OSError as error:
+    except BaseException as error:  # a Ctrl-C too: never leave a half-written folder to fill the disk
         shutil.rmtree(tmp, ignore_errors=True)
-        raise OSError(
-            error.errno,
-            f"could not write checkpoint-{step} in {output_dir}: {error.strerror or _one_line(error)}; the "
-            "temporary folder was removed and earlier checkpoints are kept. Free some space or choose another "
-            "output_dir, then resume",
-        ) from error
+        if not isinstance(error, Exception):
+            raise
+        raise save_failure(error, f"checkpoint-{step} in {output_dir}") from error
     return final
+
+
+SAVE_FIXES = {  # errno -> what to do, for save_failure
+    errno.ENOSPC: "free some space (fewer checkpoints: save_total_limit) or choose an output_dir on a larger disk",
+    getattr(errno, "EDQUOT", errno.ENOSPC): "free some of your disk quota (fewer checkpoints: save_total_limit)",
+    errno.EFBIG: "a file-size limit (ulimit -f) or the file system's largest file (FAT32: 4 GiB) is smaller than "
+    "the checkpoint: raise the limit or choose an output_dir on another file system",
+    errno.EACCES: "make output_dir writable or choose another one",
+    errno.EPERM: "make output_dir writable or choose another one",
+    errno.EROFS: "the file system is read-only: choose an output_dir on a writable one",
+}
+_OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)|\[Errno (\d+)\]")  # safetensors' (Rust) and Python's forms
+
+
+def save_failure(error: BaseException, what: str) -> OSError:
+    """The one-line OSError for a failed write of `what`: the cause by name (os.strerror of the errno found in the
+    error, its __cause__ / __context__ chain or its text) and what to do. torch.save reports a failed write as
+    RuntimeError("[enforce fail at inline_container.cc...]") with the OSError as its context."""
+    code = write_errno(error)
+    cause = os.strerror(code) if code is not None else _one_line(error)
+    fix = SAVE_FIXES.get(code, "check that output_dir is writable and has space")
+    return OSError(
+        code,
+        f"could not write {what}: {cause}; the temporary folder was removed and earlier checkpoints are kept. "
+        f"{fix[0].upper()}{fix[1:]}, then resume",
+    )
+
+
+def write_errno(error: BaseException) -> int | None:
+    """The errno behind a failed write: of the first OSError in the exception's chain, else one written in its
+    text ("... (os error 27)" from safetensors), else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno is not None:
+            return error.errno
+        match = _OS_ERROR_IN_TEXT.search(str(error))
+        if match:
+            return int(match.group(1) or match.group(2))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 # --- read, check, then load -------------------------------------------------------------------
@@ -586,17 +675,50 @@ def find_resumable(
 
 
 # --- the output folder: one run at a time -----------------------------------------------------
+RUN_OUTPUTS = (
+    METRICS_FILE,
+    "final",  # python -m minigrpo train's final model
+    "trainer_state.json",  # save_state() (a checkpoint's own trainer_state.json is inside checkpoint-N)
+    "all_results.json",  # save_metrics()
+    "train_results.json",
+    "eval_results.json",
+    "config.json",  # save_model() with no path: the model (or a LoRA run's adapters) and tokenizer, as in TRL
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    ADAPTER_FILE,
+    "adapter_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+"""What a run writes into its output_dir besides its checkpoint folders: a fresh run that replaces an earlier one
+removes every one of them (and the checkpoints, sharded model files and temporary folders), so that nothing of
+the old run (its final/ model, say) is left beside the new run's files."""
+_RUN_OUTPUT_PATTERNS = (re.compile(r"\.checkpoint-\d+\.tmp"), re.compile(r"model-\d+-of-\d+\.safetensors"))
+
+
 def earlier_run(output_dir: str | Path) -> list[str]:
-    """What an earlier run left in output_dir (its checkpoint folders, its metrics.jsonl); [] when nothing."""
+    """What an earlier run left in output_dir (its checkpoint folders, then metrics.jsonl, final/ and the other
+    RUN_OUTPUTS it holds, and half-written checkpoint folders); [] when nothing."""
+    output_dir = Path(output_dir)
     found = [p.name for p in checkpoint_folders(output_dir)]
-    return found + ([METRICS_FILE] if (Path(output_dir) / METRICS_FILE).exists() else [])
+    found += [name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    if output_dir.is_dir():
+        found += sorted(p.name for p in output_dir.iterdir() if any(r.fullmatch(p.name) for r in _RUN_OUTPUT_PATTERNS))
+    return found
 
 
 def claim_output_dir(output_dir: str | Path, replace: bool, resuming_from: Path | None = None) -> None:
     """Make output_dir ready for a fresh run. An earlier run's checkpoints and metrics would be resumed from
-    (resume picks the highest step) or would rotate this run's newer checkpoints away, so they must go; they
-    are never deleted silently: `replace` deletes them (and says so), otherwise FileExistsError names the options.
-    resuming_from: another run's checkpoint that this run continues from (the error then says so).
+    (resume picks the highest step) or would rotate this run's newer checkpoints away, and its final model would
+    be taken for this run's, so they must go; they are never deleted silently: `replace` deletes every one of
+    them (earlier_run) before the new run writes anything (and says so), otherwise FileExistsError names the
+    options. resuming_from: another run's checkpoint that this run continues from (the error then says so).
     """
     earlier = earlier_run(output_dir)
     if earlier and not replace:
@@ -613,10 +735,11 @@ def claim_output_dir(output_dir: str | Path, replace: bool, resuming_from: Path 
             "--resume), give this run another output_dir, or replace it with overwrite_output_dir=True "
             "(--overwrite-output-dir)."
         )
+    for name in earlier:
+        path = Path(output_dir) / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     if earlier:
-        (Path(output_dir) / METRICS_FILE).unlink(missing_ok=True)
-        removed = remove_checkpoints(output_dir)
-        print(f"new run in {output_dir}: removed the metrics and {removed} checkpoint(s) of an earlier run")
+        print(f"new run in {output_dir}: removed the earlier run's {', '.join(earlier)}")
 
 
 def claim_logging_dir(logging_dir: str | Path, replace: bool) -> None:

@@ -10,12 +10,21 @@
 
 Each prompt is then checked (``check_prompts``): a string or a list of chat messages, never None, a number or
 empty, with the row named, so that a bad row fails at once rather than steps later inside the chat template or
-the model.
+the model. A column named as a keyword the trainer gives reward functions (``completions``, ...) is refused
+(``check_columns``): it would replace what they receive.
+
+A checkpoint records the training set it was trained on (``dataset_record``: rows, columns, a fingerprint of
+every value in order), so that a resume on another set is refused instead of applying the prompt sampler's
+position to other prompts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+
+from minigrpo.rewards import RESERVED_COLUMNS
 
 MAX_EVAL_ROWS = 100_000
 """The most rows an IterableDataset given as eval_dataset may hold: evaluation reads every one of them."""
@@ -86,3 +95,38 @@ def check_prompts(prompts, name: str) -> None:
                 f"{name} row {row}: the prompt is {problem}, but a prompt is a non-empty string or a list of chat "
                 f"messages. Fix or drop that row (e.g. {name}.filter(lambda row: bool(row['prompt'])))."
             )
+
+
+def check_columns(column_names: list[str], name: str) -> None:
+    """Refuse a column named as a keyword the trainer passes to every reward function (rewards.RESERVED_COLUMNS:
+    prompts, completions, completion_ids, trainer_state, log_extra, log_metric): the dataset's other columns
+    reach reward functions as keywords of the same names, so it would replace the completions (or the ids, the
+    state) they score. TRL fails on `prompts` and `completions` and drops the others."""
+    reserved = [column for column in column_names if column in RESERVED_COLUMNS]
+    if reserved:
+        raise ValueError(
+            f"{name} has a column named {reserved[0]!r}, a keyword the trainer gives every reward function "
+            f"({', '.join(RESERVED_COLUMNS)}): it would replace what they receive. Rename it, e.g. "
+            f"{name}.rename_column({reserved[0]!r}, 'reference_{reserved[0]}')."
+        )
+
+
+def dataset_record(dataset) -> dict:
+    """What a checkpoint records of the training set: {"rows", "columns", "fingerprint", "first_prompt"}.
+
+    The fingerprint is a SHA-256 of every column's values, row by row in order (as JSON), so it changes when a row,
+    the rows' order or a column changes, and not when the same rows are built again (datasets' own _fingerprint
+    is random for a dataset made in memory). The prompt sampler's position indexes this order: another set, even
+    of the same length, is other prompts.
+    """
+    digest = hashlib.sha256(json.dumps(sorted(dataset.column_names)).encode())
+    for batch in dataset.iter(batch_size=1000):  # (columns -> values of up to 1000 rows), in row order
+        digest.update(json.dumps(batch, sort_keys=True, default=str).encode())
+    first = dataset[0]["prompt"] if len(dataset) else None
+    first_text = first if isinstance(first, str) else (first[-1].get("content") if first else None)
+    return {
+        "rows": len(dataset),
+        "columns": sorted(dataset.column_names),
+        "fingerprint": digest.hexdigest(),
+        "first_prompt": None if first_text is None else str(first_text)[:60],
+    }

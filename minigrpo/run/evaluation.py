@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 import numpy as np
 
 from minigrpo.config import GRPOConfig
-from minigrpo.rewards import as_trl_completions, compute_rewards, reward_func_name
+from minigrpo.rewards import accuracy_reward_index, as_trl_completions, compute_rewards, reward_func_name
 from minigrpo.rollout import completion_mask_from_eos, eos_token_ids, generate_completions, tokenize_prompts
 from minigrpo.run import distributed
 from minigrpo.tasks.arithmetic import extract_answer
@@ -46,9 +46,10 @@ def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> l
 
 def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
     """Greedy held-out evaluation, under TRL's names: eval_reward (the weighted sum's mean) and
-    eval_rewards/<name>/mean for each reward function, and minigrpo's eval_accuracy (the first reward
-    function's mean: the correctness reward in the course). Under torchrun every rank must call it: the
-    prompts are shared out and the completions gathered."""
+    eval_rewards/<name>/mean for each reward function, and minigrpo's eval_accuracy: the accuracy reward's mean
+    whatever the order of reward_funcs (rewards.accuracy_reward_index: the function marked is_accuracy_reward,
+    else the one named correctness_reward or accuracy_reward, else the first). Under torchrun every rank must
+    call it: the prompts are shared out and the completions gathered."""
     prompts = list(dataset["prompt"])
     # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
     completion_ids = distributed.map_shards(lambda part: greedy_completion_ids(model, tokenizer, part, config), prompts)
@@ -63,7 +64,8 @@ def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], 
         config.reward_weights,
         config.reward_timeout,
     )
-    metrics = {"eval_accuracy": rewards_per_func[:, 0].nanmean().item(), "eval_reward": rewards.mean().item()}
+    accuracy = rewards_per_func[:, accuracy_reward_index(reward_funcs)]  # (N,)
+    metrics = {"eval_accuracy": accuracy.nanmean().item(), "eval_reward": rewards.mean().item()}
     for f, func in enumerate(reward_funcs):
         metrics[f"eval_rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
     return metrics

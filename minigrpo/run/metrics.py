@@ -10,8 +10,9 @@ frac_reward_zero_std/all_wrong       | those in which no completion is correct; 
 advantages/std                       | the std of the advantages within each group, averaged over groups
 completions/distinct_per_group       | how many different completions (token sequences) a group holds, 1..G
 
-"Correct" is read from the accuracy reward: the first reward function, the one eval_accuracy reports
-(so put it first, as the course does), and a completion is correct when that function scored it above 0.
+"Correct" is read from the accuracy reward, the one eval_accuracy reports (rewards.accuracy_reward_index: the
+function marked is_accuracy_reward, else the one named correctness_reward or accuracy_reward, else the first,
+whatever the order of reward_funcs), and a completion is correct when that function scored it above 0.
 PPO logs them too, except advantages/std: its advantages are per token (GAE), not per group.
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from minigrpo.advantages import group_rewards, zero_std_groups
-from minigrpo.rewards import reward_func_name
+from minigrpo.rewards import accuracy_reward_index, reward_func_name
 from minigrpo.rollout import Rollout
 
 
@@ -28,11 +29,12 @@ from minigrpo.rollout import Rollout
 def reward_metrics(rewards_per_func: torch.Tensor, rewards: torch.Tensor, reward_funcs, num_generations: int) -> dict:
     """reward, reward_std (mean of the group stds), rewards/<fn>/mean|std, frac_reward_zero_std and its two parts.
 
-    rewards_per_func: (N, F), NaN where a function returned None; column 0 is the accuracy reward.
-    rewards: (N,) the weighted sum the advantages are computed from.
+    rewards_per_func: (N, F), NaN where a function returned None; the accuracy reward's column is
+    accuracy_reward_index(reward_funcs). rewards: (N,) the weighted sum the advantages are computed from.
     """
+    accuracy = rewards_per_func[:, accuracy_reward_index(reward_funcs)].float()  # (N,)
     grouped = group_rewards(rewards.float(), num_generations)  # (B, G)
-    grouped_accuracy = group_rewards(rewards_per_func[:, 0].float(), num_generations)  # (B, G)
+    grouped_accuracy = group_rewards(accuracy, num_generations)  # (B, G)
     all_correct, all_wrong = zero_std_kinds(grouped, grouped_accuracy)  # (B,), (B,)
     metrics = {
         "reward": rewards.mean().item(),

@@ -22,6 +22,7 @@ from minigrpo.models import is_peft_model
 from minigrpo.rewards import reward_func_name
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.checkpoints import METRICS_FILE, CheckpointError
+from minigrpo.run.datasets import dataset_record
 from minigrpo.run.distributed import tie_weights
 from minigrpo.run.metrics import average_metrics
 
@@ -49,11 +50,46 @@ def termination_as_interrupt():
             signal.signal(getattr(signal, name), handler)
 
 
+DEFERRED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Hold SIGINT, SIGTERM and SIGHUP back while the block runs (a checkpoint being written), then deliver them.
+
+    A signal that stopped a save half-way would leave no checkpoint of the step just logged (and, before the
+    temporary folder was cleaned up, a .checkpoint-N.tmp filling the disk). So each signal that arrives is only
+    noted; when the block ends the previous handlers are back and each noted signal is raised again
+    (signal.raise_signal): termination_as_interrupt's KeyboardInterrupt, Python's Ctrl-C, or the default action,
+    once the checkpoint is complete. A second Ctrl-C during the save does not cut it short (kill -9 still does:
+    the temporary folder is then never renamed, and a resume skips it). Only the main thread can set handlers,
+    and under torchrun the signals keep their own behaviour (as in termination_as_interrupt)."""
+    if threading.current_thread() is not threading.main_thread() or distributed.is_distributed():
+        yield
+        return
+    received: list[int] = []
+    names = [name for name in DEFERRED_SIGNALS if hasattr(signal, name)]  # Windows has no SIGHUP
+
+    def note(signum, frame):
+        received.append(signum)
+
+    previous = {name: signal.signal(getattr(signal, name), note) for name in names}
+    try:
+        yield
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+        for signum in dict.fromkeys(received):  # each signal once, in the order they came
+            signal.raise_signal(signum)
+
+
 class CheckpointMixin:
     """Checkpoint, resume and save_model for ``Trainer`` (which provides config, model, optimizer, sampler, step,
     history, output_dir, metrics_path, callback_handler and optimizer_param_groups)."""
 
-    def _begin(self, resume_from_checkpoint: bool | str | None, allow_config_change: bool) -> None:
+    def _begin(
+        self, resume_from_checkpoint: bool | str | None, allow_config_change: bool, allow_dataset_change: bool = False
+    ) -> None:
         """Resume (from a path, or the newest checkpoint in output_dir that reads completely), or start fresh."""
         if not resume_from_checkpoint:
             self._start_fresh(replace=self.config.overwrite_output_dir)
@@ -62,7 +98,7 @@ class CheckpointMixin:
         if resume_from_checkpoint is not True:  # a checkpoint named by the user: no fallback to another one
             path = Path(resume_from_checkpoint)
             state = checkpoints.read_checkpoint(path, modules, self.optimizer)
-            self._restore(path, state, allow_config_change)
+            self._restore(path, state, allow_config_change, allow_dataset_change)
             return
         found = checkpoints.find_resumable(self.output_dir, modules, self.optimizer)
         if found is None:
@@ -72,7 +108,7 @@ class CheckpointMixin:
         path, state, problems = found
         for problem in problems:
             warnings.warn(f"{self.output_dir}: {problem}", stacklevel=3)
-        self._restore(path, state, allow_config_change)
+        self._restore(path, state, allow_config_change, allow_dataset_change)
 
     def _start_fresh(self, replace: bool) -> None:
         """Seed, once output_dir holds no earlier run (replaced when `replace`, refused otherwise)."""
@@ -96,15 +132,18 @@ class CheckpointMixin:
         The state it began in: the RNG states and the prompt sampler's position as they were then, with the weights
         and optimizer, so only while no optimizer step has been taken inside the block (after one, that state no
         longer fits the weights). Nothing is saved before the first step (there is nothing to resume), nor under
-        torchrun when one rank fails alone (the others are not there to save with it). `unlogged`: the metrics of
-        the steps whose logging the block was doing, kept as the step's row of the history (rewritten on resume).
-        A save that fails too is reported, and the original error is the one raised."""
+        torchrun when one rank fails alone (the others are not there to save with it), nor when the block saved
+        or tried to (a completed save holds this state already; a failed one would only fail again). `unlogged`:
+        the metrics of the steps whose logging the block was doing, kept as the step's row of the history
+        (rewritten on resume). A save that fails too is reported, and the original error is the one raised."""
         rng, sampler, steps_before = checkpoints.rng_state(), self.sampler.state_dict(), self.optimizer_steps
+        saves_before = self.save_attempts
         try:
             yield
         except BaseException as error:
             weights_changed = self.optimizer_steps != steps_before
-            if not weights_changed and self.step > 0 and distributed.stopped_together(error):
+            saved = self.save_attempts != saves_before
+            if not weights_changed and not saved and self.step > 0 and distributed.stopped_together(error):
                 if unlogged is not None and (not self.history or self.history[-1]["step"] != self.step):
                     self.history.append({"step": self.step, **average_metrics(unlogged)})
                 self._save_after_failure(what, rng, sampler)
@@ -133,45 +172,64 @@ class CheckpointMixin:
         rng_state / sampler_state: the state to resume from, when it is not the
         current one (a failed step saves the state it started from).
         Under torchrun every rank calls it and rank 0 writes (every rank holds the same weights and optimizer
-        state, and draws the same prompts); the others wait until the folder is complete.
+        state, and draws the same prompts); the others wait until the folder is complete. Ctrl-C, SIGTERM and
+        SIGHUP wait until the checkpoint is written (signals_deferred), then stop the run.
         """
+        self.save_attempts += 1
         path = self.output_dir / f"checkpoint-{self.step}"
-        # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
-        full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
-        if distributed.is_main_process():
-            path = checkpoints.write_checkpoint(
-                self.output_dir,
-                self.step,
-                self.trainable_modules(),
-                self.tokenizer,
-                self.optimizer,
-                sampler_state or self.sampler.state_dict(),
-                rng_state or checkpoints.rng_state(),
-                self.history,
-                self.run_args(),
-                full_states,
-            )
-            checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
-        distributed.barrier()
-        self.callback_handler.fire("on_save", self)
+        with signals_deferred():
+            # FSDP2: every rank takes part in gathering the whole weights and optimizer state for rank 0.
+            full_states = distributed.full_state_dicts(self.model, self.optimizer) if self._sharded else None
+            if distributed.is_main_process():
+                path = checkpoints.write_checkpoint(
+                    self.output_dir,
+                    self.step,
+                    self.trainable_modules(),
+                    self.tokenizer,
+                    self.optimizer,
+                    sampler_state or self.sampler.state_dict(),
+                    rng_state or checkpoints.rng_state(),
+                    self.history,
+                    self.run_args(),
+                    full_states,
+                )
+                checkpoints.rotate_checkpoints(self.output_dir, self.config.save_total_limit)
+            distributed.barrier()
+            self.callback_handler.fire("on_save", self)
         return path
 
     def run_args(self) -> dict:
-        """What defines this run (config, model, reward functions), saved with each checkpoint."""
-        return checkpoints.run_args(self.config, self.model, [reward_func_name(f) for f in self.reward_funcs])
+        """What defines this run (config, model, reward functions, training set), saved with each checkpoint."""
+        if getattr(self, "_train_dataset_record", None) is None:  # hashed once: every value of every row
+            self._train_dataset_record = dataset_record(self.train_dataset)
+        names = [reward_func_name(f) for f in self.reward_funcs]
+        return checkpoints.run_args(self.config, self.model, names, self._train_dataset_record)
 
-    def load_checkpoint(self, path: str | Path, allow_config_change: bool = False) -> None:
+    def load_checkpoint(
+        self, path: str | Path, allow_config_change: bool = False, allow_dataset_change: bool = False
+    ) -> None:
         """Restore model(s), optimizer, step, RNG, data position and metric history; every file is read and
-        checked first, and a run whose training-defining settings differ is refused unless allow_config_change."""
+        checked first, and a run whose training-defining settings differ is refused unless allow_config_change,
+        one on another training set unless allow_dataset_change."""
         state = checkpoints.read_checkpoint(path, self.trainable_modules(), self.optimizer)
-        self._restore(Path(path), state, allow_config_change)
+        self._restore(Path(path), state, allow_config_change, allow_dataset_change)
 
-    def _restore(self, path: Path, state: dict, allow_config_change: bool) -> None:
-        changes = checkpoints.changed_run_fields(state["args"], self.run_args())
+    def _restore(self, path: Path, state: dict, allow_config_change: bool, allow_dataset_change: bool = False) -> None:
+        current = self.run_args()
+        changes = checkpoints.changed_run_fields(state["args"], current)
         if changes and not allow_config_change:
             raise CheckpointError(
                 f"{path} belongs to a run with other settings ({'; '.join(changes)}): resume with the same "
                 "settings, or pass allow_config_change=True (--allow-config-change) to continue with the new ones."
+            )
+        if not state["args"].get("train_dataset"):
+            print(f"{path} predates training-set fingerprints (minigrpo before 0.3.0): the dataset is not checked")
+        new_data = checkpoints.changed_train_dataset(state["args"], current)
+        if new_data and not allow_dataset_change:
+            raise CheckpointError(
+                f"{path} was trained on another training set ({new_data}): resume with the checkpoint's dataset, or "
+                "pass allow_dataset_change=True (--allow-dataset-change) to continue on this one, its prompt "
+                "sampler starting afresh."
             )
         if not _same_folder(path.parent, self.output_dir):
             # A checkpoint of another run (run A) continued into this output_dir (run B), as transformers' Trainer
@@ -186,7 +244,10 @@ class CheckpointMixin:
         if changes:
             self._apply_config_to_optimizer()
             print(f"resuming with changed settings: {'; '.join(changes)}")
-        self.sampler.load_state_dict(state["sampler"])
+        if new_data:  # its epoch and position index the old set's rows: this set starts at its beginning
+            print(f"continuing on a new training set: {new_data}; the prompt sampler starts afresh")
+        else:
+            self.sampler.load_state_dict(state["sampler"])
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
         self.set_learning_rate(self.step)  # the schedule is a function of the step: nothing else to restore
