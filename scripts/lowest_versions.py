@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("test", "qlora")  # the test tools at their lowest too; qlora: bitsandbytes beside the lowest peft
 # Installed as given rather than at the lower bound.
 AS_GIVEN = {
-    # The suite runs on torch's CPU build, 2.13.0; torch's declared lower bound is what Colab's runtime ships, and
-    # is not tested here (README: "Versions").
+    # The suite runs on torch's CPU build, 2.13.0. torch's declared lower bound, 2.4, has no CPU build on PyPI (its
+    # default build pulls gigabytes of CUDA libraries) and is not tested; Colab's torch, 2.11, is: scripts/colab_env.py
+    # runs tests/test_distributed.py (left out below), the lessons and the capstone on it (README: "Versions").
     "torch": "torch==2.13.0",
 }
 # Left out of the lowest environment, and the tests that need them.

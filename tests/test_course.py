@@ -12,6 +12,7 @@ import torch
 
 from minigrpo import course
 from minigrpo.config import GRPOConfig
+from minigrpo.course import experiments
 from minigrpo.models import QWEN_MODEL_ID
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,3 +140,100 @@ def test_setup_cell_explains_an_unpublished_package(colab, monkeypatch, capsys):
 def test_colab_setup_is_a_no_op_outside_colab():
     assert "google.colab" not in sys.modules
     course.colab_setup()  # no google.colab to import: must not raise
+
+
+# --- lesson 08's TRL cell ---------------------------------------------------------------------------------------------
+def test_the_trl_lesson_08_installs_is_the_one_the_test_extra_pins():
+    import tomllib
+
+    test_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert course.TRL_REQUIREMENT in [requirement.split("#")[0].strip() for requirement in test_extra]
+    assert f"`pip install {course.TRL_REQUIREMENT}`" in course.TRL_MISSING and "\n" not in course.TRL_MISSING
+
+
+def test_moved_imports_are_the_changed_distributions_this_process_imported():
+    before = {"datasets": "4.0.0", "pyarrow": "18.1.0", "numpy": "2.1.3", "xxhash": "3.5.0"}
+    after = {"datasets": "4.8.5", "pyarrow": "23.0.1", "numpy": "2.1.3", "trl": "1.16.0"}  # xxhash removed
+    imported = {"datasets", "numpy", "xxhash"}  # pyarrow moved but was never imported: no restart for it
+    assert course.moved_imports(before, after, imported) == ["datasets 4.0.0 -> 4.8.5", "xxhash 3.5.0 -> removed"]
+    assert course.moved_imports(before, before, imported) == []
+
+
+def test_this_process_has_imported_torch_and_not_an_uninstalled_name():
+    imported = course.imported_distributions()
+    assert "torch" in imported and "pytest" in imported and "trl-not-a-distribution" not in imported
+
+
+@pytest.mark.parametrize(
+    ("versions_after", "returncode", "ready", "message"),
+    [
+        ({"trl": "1.16.0"}, 0, True, "Installed trl==1.16.0.\n"),
+        (
+            {"trl": "1.16.0", "torch": "0.0.1"},  # torch is imported here: as datasets is in Colab once minigrpo is
+            0,
+            False,
+            "Installed trl==1.16.0, which moved torch {torch} -> 0.0.1 after this runtime imported it: restart the "
+            "runtime (Runtime > Restart session), then run the lesson again from the top.\n",
+        ),
+        ({}, 1, False, "pip could not install trl==1.16.0: ERROR: Repository not found.\n"),
+    ],
+)
+def test_install_trl_says_in_one_line_whether_to_restart(
+    monkeypatch, capsys, versions_after, returncode, ready, message
+):
+    before = {"torch": torch.__version__}
+    snapshots = iter([before, {**before, **versions_after}])
+    monkeypatch.setattr(course, "installed_versions", lambda: next(snapshots))
+    commands = fake_pip(monkeypatch, returncode)
+    assert course.install_trl() is ready
+    assert commands == [[sys.executable, "-m", "pip", "install", "-q", "trl==1.16.0"]]
+    assert capsys.readouterr().out == message.format(torch=torch.__version__)
+
+
+# --- a failed torchrun in lesson 07 -------------------------------------------------------------------------------
+TORCHRUN_OUTPUT = (
+    """\
+[rank1]: Traceback (most recent call last):
+[rank0]: Traceback (most recent call last):
+[rank1]:   File "minigrpo/run/distributed.py", line 320, in data_parallel_policy
+[rank0]:   File "minigrpo/run/distributed.py", line 320, in data_parallel_policy
+[rank1]: TypeError: __init__() got an unexpected keyword argument 'forward_sync_buffers'
+[rank0]: TypeError: __init__() got an unexpected keyword argument 'forward_sync_buffers'
+[rank1]:[W1203 10:39:29 ProcessGroupGloo.cpp:123] Warning: destroy_process_group() was not called
+E1203 10:39:29.049000 20790 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 20902)
+Traceback (most recent call last):
+  File "torch/distributed/run.py", line 1032, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+    + "=" * 60
+    + "\n  rank      : 1 (local_rank: 1)\n"
+    + "x" * 2000
+    + "\n"
+)
+
+
+def test_a_failed_torchrun_shows_the_first_ranks_error_first():
+    shown = experiments.torchrun_failure(TORCHRUN_OUTPUT, tail=100)
+    assert shown.splitlines()[:4] == [
+        "rank 1 raised:",
+        "Traceback (most recent call last):",
+        '  File "minigrpo/run/distributed.py", line 320, in data_parallel_policy',
+        "TypeError: __init__() got an unexpected keyword argument 'forward_sync_buffers'",
+    ]
+    assert shown.endswith("torchrun's last lines:\n" + TORCHRUN_OUTPUT[-100:])
+    assert "forward_sync_buffers" not in TORCHRUN_OUTPUT[-2000:]  # what the lesson showed before: not the error
+
+
+def test_a_chained_traceback_is_shown_to_its_last_exception_and_no_traceback_as_the_tail():
+    chained = (
+        "Traceback (most recent call last):\n  File 'a.py', line 1\nKeyError: 'x'\n\n"
+        "During handling of the above exception, another exception occurred:\n\n"
+        "Traceback (most recent call last):\n  File 'a.py', line 3\nValueError: no x\nlauncher says: exit 1\n"
+    )
+    shown = experiments.torchrun_failure(chained, tail=22)
+    assert shown.startswith("the program raised:\nTraceback") and "KeyError: 'x'" in shown
+    assert shown.split("\n\ntorchrun's last lines:\n") == [
+        "the program raised:\n" + chained.split("\nlauncher")[0],
+        "launcher says: exit 1\n",
+    ]
+    assert experiments.torchrun_failure("Killed\n" * 10, tail=7) == "Killed\n"

@@ -6,6 +6,7 @@ Every run is 3 steps of 4 prompts x G=4 on the tiny Qwen. The 2-process launch e
 function raises on rank 1, so it exits with an error; the runs before it have written their weights.
 """
 
+import inspect
 import json
 import os
 import subprocess
@@ -180,6 +181,24 @@ def test_outside_torchrun_everything_is_one_process():
     assert distributed.map_shards(lambda part: [x * 2 for x in part], [1, 2, 3]) == [2, 4, 6]
     metrics = {"reward": 0.5, "completions/min_length": 3.0}
     assert distributed.reduce_metrics(metrics) == metrics
+
+
+def test_buffer_sync_is_turned_off_in_the_spelling_this_torch_accepts(monkeypatch):
+    accepted = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    ((name, value),) = distributed.no_buffer_sync().items()
+    assert name in accepted and value is False
+    assert name == ("forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers")
+
+    def older_ddp(self, module, device_ids=None, broadcast_buffers=True):  # torch 2.11's: no forward_sync_buffers
+        pass
+
+    def newer_ddp(self, module, device_ids=None, broadcast_buffers=None, forward_sync_buffers=None):  # torch 2.13's
+        pass
+
+    monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "__init__", older_ddp)
+    assert distributed.no_buffer_sync() == {"broadcast_buffers": False}
+    monkeypatch.setattr(torch.nn.parallel.DistributedDataParallel, "__init__", newer_ddp)
+    assert distributed.no_buffer_sync() == {"forward_sync_buffers": False}
 
 
 def test_metrics_combine_by_their_meaning():

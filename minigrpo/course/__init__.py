@@ -20,7 +20,10 @@ then calls colab_setup() from here.
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import os
+import subprocess
 import sys
 
 import torch
@@ -65,6 +68,59 @@ def colab_setup() -> None:
     from google.colab import output
 
     output.enable_custom_widget_manager()
+
+
+# Lesson 08 sets minigrpo beside TRL, at the version the cross-check targets (pyproject.toml's test extra pins the
+# same). Colab has no TRL, and TRL 1.16 needs a newer datasets than Colab's (>= 4.7 against 4.0).
+TRL_REQUIREMENT = "trl==1.16.0"
+TRL_MISSING = (
+    f"This cell needs TRL, which is not installed: `pip install {TRL_REQUIREMENT}` (in Colab the lesson's TRL cell "
+    "does it), restart the kernel, and run the lesson again."
+)
+
+
+def install_trl(requirement: str = TRL_REQUIREMENT) -> bool:
+    """Colab, lesson 08: pip-install TRL; returns whether this runtime may import it now, and says so in one line.
+
+    It may not when pip moved a package this runtime has already imported (TRL 1.16 moves Colab's datasets 4.0,
+    which `import minigrpo` imports): Python keeps the old module, so the runtime must restart first."""
+    before = installed_versions()
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", requirement], capture_output=True, text=True)
+    if pip.returncode != 0:
+        print(f"pip could not install {requirement}:", (pip.stderr.strip().splitlines() or ["?"])[-1])
+        return False
+    importlib.invalidate_caches()
+    moved = moved_imports(before, installed_versions(), imported_distributions())
+    if moved:
+        print(
+            f"Installed {requirement}, which moved {', '.join(moved)} after this runtime imported it: restart the "
+            "runtime (Runtime > Restart session), then run the lesson again from the top."
+        )
+        return False
+    print(f"Installed {requirement}.")
+    return True
+
+
+def moved_imports(before: dict[str, str], after: dict[str, str], imported: set[str]) -> list[str]:
+    """The distributions whose version pip changed (before/after: name -> version) among those this process has
+    imported (`imported`, names): ["datasets 4.0.0 -> 4.8.5", ...], sorted."""
+    return [
+        f"{name} {version} -> {after.get(name, 'removed')}"
+        for name, version in sorted(before.items())
+        if name in imported and after.get(name) != version
+    ]
+
+
+def installed_versions() -> dict[str, str]:
+    """Every installed distribution: lower-case name -> version."""
+    return {dist.metadata["Name"].lower(): dist.version for dist in importlib.metadata.distributions()}
+
+
+def imported_distributions() -> set[str]:
+    """The (lower-case) names of the distributions that provide a module this process has imported."""
+    providers = importlib.metadata.packages_distributions()
+    top_level = {name.partition(".")[0] for name in list(sys.modules)}
+    return {dist.lower() for module in top_level for dist in providers.get(module, [])}
 
 
 def on_gpu() -> bool:

@@ -9,6 +9,8 @@ Nothing here is part of GRPO itself:
   DataFrame, which a notebook renders as a table).
 - ``simulate_disconnect``: a reward function that raises KeyboardInterrupt on
   a chosen call, to interrupt a run for real and resume it.
+- ``torchrun_failure``: what a failed torchrun printed, the first rank's own
+  error first (lesson 07's scale-out).
 
 The rest of what lessons 06-07 use lives with its concern:
 ``minigrpo.course.variants`` (VARIANTS, variant_config, config_diff,
@@ -113,3 +115,39 @@ def simulate_disconnect(reward_func: Callable, on_call: int) -> Callable:
         return reward_func(*args, **kwargs)
 
     return wrapped
+
+
+# --- a failed torchrun ---------------------------------------------------------------
+def torchrun_failure(output: str, tail: int = 1500) -> str:
+    """What to show when `torchrun` exits with an error: the first traceback a rank printed, then torchrun's last lines.
+
+    torchrun prints each rank's traceback (every line prefixed "[rankN]: "), then its own long one (ChildFailedError,
+    a summary with the exit codes), which is all the output's tail holds: the error itself comes first only here.
+    Output with no rank traceback (a killed rank, torchrun's own failure) is returned as its last `tail` characters."""
+    lines = output.splitlines()
+    first = next((i for i, line in enumerate(lines) if _after_rank(line)[1].startswith("Traceback")), None)
+    if first is None:
+        return output[-tail:]
+    prefix = _after_rank(lines[first])[0]
+    rank_lines = [_after_rank(line)[1] for line in lines[first:] if _after_rank(line)[0] == prefix]
+    header = f"{prefix.strip('[]: ').replace('rank', 'rank ') or 'the program'} raised:"  # "rank 0 raised:"
+    return "\n".join([header, *_first_traceback(rank_lines), "", "torchrun's last lines:", output[-tail:]])
+
+
+def _after_rank(line: str) -> tuple[str, str]:
+    """("[rank0]: ", the rest) for a rank's line, ("", line) for any other."""
+    if line.startswith("[rank") and "]: " in line:
+        prefix, _, rest = line.partition("]: ")
+        return prefix + "]: ", rest
+    return "", line
+
+
+def _first_traceback(lines: list[str]) -> list[str]:
+    """lines[0] is "Traceback ...": up to its last exception line (past chained ones: "During handling ...")."""
+    chained = ("Traceback", "During handling", "The above exception")
+    for end, line in enumerate(lines):
+        if line and not line[0].isspace() and not line.startswith(chained):
+            following = next((other for other in lines[end + 1 :] if other.strip()), "")
+            if not following.startswith(chained[1:]):
+                return lines[: end + 1]
+    return lines

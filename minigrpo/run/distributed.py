@@ -45,6 +45,7 @@ import atexit
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -324,9 +325,18 @@ def data_parallel_policy(model: torch.nn.Module, config) -> torch.nn.Module | No
         return None
     # device_ids=None: the inputs are already on this rank's device (no scatter); buffers (rotary tables) never
     # change, so there is nothing to synchronise before each forward.
-    return torch.nn.parallel.DistributedDataParallel(
-        PolicyLogps(model, config), device_ids=None, forward_sync_buffers=False
-    )
+    return torch.nn.parallel.DistributedDataParallel(PolicyLogps(model, config), device_ids=None, **no_buffer_sync())
+
+
+def no_buffer_sync() -> dict[str, bool]:
+    """DistributedDataParallel's argument that turns off the buffer broadcast before each forward, in this torch's
+    spelling: torch 2.13 knows `forward_sync_buffers` and warns that `broadcast_buffers` is deprecated (a
+    FutureWarning); older torch (Colab's 2.11 among them) knows only `broadcast_buffers`, and raises a TypeError on
+    the new name.
+    (`broadcast_buffers=False` also skips the broadcast at construction: the buffers are equal on every rank.)"""
+    accepted = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
+    name = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
+    return {name: False}
 
 
 def shard_model(model: torch.nn.Module) -> None:

@@ -1,0 +1,91 @@
+"""scripts/colab_env.py: the pins it reads, the key it caches by, the Python it looks for, and how it judges lesson 08
+without TRL and the graded capstone. (The leg itself, hours of CPU the first time, is a step of .ci/run.)"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from minigrpo import course
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("colab_env", ROOT / "scripts" / "colab_env.py")
+colab_env = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(colab_env)
+
+
+def test_the_pins_file_names_colabs_python_and_exact_pins_with_the_date_read():
+    text = colab_env.PINS.read_text()
+    python, pins = colab_env.read_pins(text)
+    assert python == "3.13" and "torch==2.11.0" in pins and "datasets==4.0.0" in pins
+    assert all(not pin.startswith(("trl", "vllm", "bitsandbytes")) for pin in pins)  # Colab has none of them
+    assert "read on 20" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("torch==2.11.0\n", "name Colab's Python"),
+        ("# python 3.13\n# python 3.12\ntorch==2.11.0\n", "name Colab's Python"),
+        ("# python 3.13\ntransformers==5.15.0\n", "torch's among them"),
+        ("# python 3.13\ntorch==2.11.0\nnumpy>=2\n", "must be exact"),
+    ],
+)
+def test_a_pins_file_without_one_python_or_with_a_loose_pin_is_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        colab_env.read_pins(text)
+
+
+def test_the_cache_key_is_the_pins_files_hash():
+    key = colab_env.pins_key("# python 3.13\ntorch==2.11.0\n")
+    assert len(key) == 12 and key == colab_env.pins_key("# python 3.13\ntorch==2.11.0\n")
+    assert key != colab_env.pins_key("# python 3.13\ntorch==2.11.1\n")
+
+
+def test_pythons_interpreter_comes_from_its_variable_or_a_clear_error(monkeypatch):
+    assert colab_env.find_python("3.13", {"PYTHON313": "/opt/py/bin/python3.13"}) == Path("/opt/py/bin/python3.13")
+    monkeypatch.setenv("PATH", "")  # no pyenv to ask
+    with pytest.raises(RuntimeError, match=r"pyenv install 3.13.*PYTHON313"):
+        colab_env.find_python("3.13", {})
+
+
+def test_the_test_tools_and_trl_come_from_the_project():
+    tools = colab_env.test_tools((ROOT / "pyproject.toml").read_text())
+    assert tools[:3] == ["pytest>=8", "pytest-xdist>=3.5", "nbval>=0.11"] and len(tools) == len(colab_env.TEST_TOOLS)
+    assert colab_env.trl_requirement() == course.TRL_REQUIREMENT
+
+
+def stream(text, name="stdout"):
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+def test_printed_is_what_a_checked_cell_keeps():
+    outputs = [
+        stream("a\n"),
+        stream("a warning\n", "stderr"),
+        nbformat.v4.new_output("execute_result", {"text/plain": "3"}),
+    ]
+    assert colab_env.printed(outputs) == "a\n3"
+
+
+def test_every_cell_of_lesson_08_that_names_trl_has_the_guard_the_leg_looks_for():
+    cells = [c.source for c in nbformat.read(ROOT / colab_env.LESSON_08, as_version=4).cells if c.cell_type == "code"]
+    guarded = [c for c in cells if any(line.startswith(colab_env.NEEDS_TRL) for line in c.splitlines())]
+    naming_trl = [c for c in cells if "trl." in c or '"trl"' in c]
+    trl_cell = next(c for c in cells if "import trl" in c)
+    assert set(naming_trl) - set(guarded) == {trl_cell} and len(guarded) == 12
+    assert all(f"{colab_env.NEEDS_TRL}  # without TRL" in c and "print(course.TRL_MISSING)" in c for c in guarded)
+
+
+def graded(points, max_points, errors=(), status="ok"):
+    notebook = {"status": status, "points": points, "max_points": max_points, "errors": list(errors)}
+    return json.dumps({"notebooks": [notebook]})
+
+
+def test_the_capstone_passes_with_full_marks_and_no_error_only():
+    assert colab_env.capstone_problems(graded(30, 30)) == []
+    assert colab_env.capstone_problems(graded(27, 30)) == ["ok: 27 of 30 points"]
+    assert colab_env.capstone_problems(graded(30, 30, ["cell 4: NameError"])) == ["error: cell 4: NameError"]
+    assert colab_env.capstone_problems(graded(0, 0)) == ["ok: 0 of 0 points"]
