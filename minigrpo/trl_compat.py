@@ -21,8 +21,6 @@ import dataclasses
 import functools
 import os
 
-import torch.distributed as dist
-
 # What minigrpo does instead, for the fields a TRL GRPO script most often sets.
 INSTEAD = {
     "per_device_eval_batch_size": "evaluation is greedy, eval_batch_size prompts per generate call",
@@ -120,6 +118,8 @@ def world_size() -> int:
     """K, the processes in the run: the process group's size once torch.distributed is set up, torchrun's
     WORLD_SIZE before that (a config is built before the group exists), else 1. The one source of truth:
     minigrpo.run.distributed uses it too. per_device_train_batch_size is per process."""
+    import torch.distributed as dist  # here, not at the top: the config (and the CLI's --help) needs no torch
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
