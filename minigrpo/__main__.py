@@ -15,7 +15,9 @@ the command exits with status 2; add --debug to see the traceback instead.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -24,10 +26,7 @@ import types
 import typing
 from pathlib import Path
 
-from minigrpo.config import GRPOConfig
-from minigrpo.rewards import RewardFunctionError
-from minigrpo.run.checkpoints import CheckpointError
-from minigrpo.run.distributed import RankFailedError
+from minigrpo.config import GRPOConfig  # no torch: --help prints before torch and transformers load
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
 MAX_EVAL_SIZE = 10_000  # the held-out half of the problems with operands 0..99 holds fewer distinct ones
@@ -37,24 +36,95 @@ _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _config_flags(parser: argparse.ArgumentParser) -> None:
-    """One --flag per GRPOConfig field (--learning-rate, --beta, --loss-type, ...)."""
-    hints = typing.get_type_hints(GRPOConfig)
-    group = parser.add_argument_group("GRPOConfig fields (defaults: the preset for the model)")
-    for field in dataclasses.fields(GRPOConfig):
-        flag = "--" + field.name.replace("_", "-")
-        kind = hints[field.name]
-        optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
-        choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
-        base = str if str in choices else choices[0]  # report_to, model_init_kwargs (JSON): given as text
-        if typing.get_origin(base) is list:
-            group.add_argument(flag, type=float, nargs="+", default=argparse.SUPPRESS)
-        elif base is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        elif typing.get_origin(base) is typing.Literal:
-            group.add_argument(flag, choices=typing.get_args(base), default=argparse.SUPPRESS)
+# The train command's GRPOConfig flags, in the groups of TRL's GRPOConfig documentation ("Parameters that control
+# ..."), then transformers' TrainingArguments, which TRL's config extends. minigrpo's own fields join the group
+# where they act (tests/test_cli_help.py: every field is in exactly one group).
+FLAG_GROUPS = {
+    "model and reference model (TRL)": ("model_init_kwargs", "trust_remote_code", "disable_dropout"),
+    "data preprocessing (TRL)": (
+        "remove_unused_columns", "num_generations", "max_prompt_length", "max_completion_length", "shuffle_dataset",
+    ),
+    "generation (TRL)": (
+        "prompts_per_step", "generation_batch_size", "steps_per_generation", "temperature", "top_p", "top_k",
+        "min_p", "repetition_penalty", "use_vllm", "fast_generation", "share_prompt_prefix",
+    ),
+    "training (TRL)": (
+        "beta", "kl_estimator", "num_iterations", "epsilon", "epsilon_high", "importance_sampling_level",
+        "reward_weights", "reward_timeout", "scale_rewards", "baseline", "std_ddof", "advantage_epsilon", "loss_type",
+        "mask_truncated_completions", "use_bias_correction_kl", "dynamic_sampling", "max_num_gen_batches",
+        "logprob_chunk_size",
+    ),
+    "optimisation (TrainingArguments)": (
+        "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+        "max_grad_norm", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "seed",
+    ),
+    "memory and precision (TrainingArguments)": ("bf16", "fp16", "gradient_checkpointing", "fsdp"),
+    "logging, evaluation and saving (TrainingArguments)": (
+        "output_dir", "overwrite_output_dir", "logging_steps", "logging_dir", "report_to", "eval_strategy",
+        "eval_steps", "eval_batch_size", "save_strategy", "save_steps", "save_total_limit", "resume_from_checkpoint",
+        "push_to_hub",
+    ),
+}  # fmt: skip
+
+
+@functools.cache
+def config_field_help() -> dict[str, str]:
+    """{field: the first sentence of its docstring}, read from config.py's source with ast (milliseconds, and nothing
+    imported). A field's docstring is the string literal after it; fields declared together above one string (adam_beta1
+    and adam_beta2) share it."""
+    import minigrpo.config
+
+    try:
+        tree = ast.parse(Path(minigrpo.config.__file__).read_text(encoding="utf-8"))
+    except OSError:  # no source installed (bytecode only): flags without help lines
+        return {}
+    (config_class,) = (node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "GRPOConfig")
+    helps, undocumented = {}, []
+    for statement in config_class.body:
+        if isinstance(statement, ast.AnnAssign):
+            undocumented.append(statement.target.id)
+        elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and undocumented:
+            helps.update(dict.fromkeys(undocumented, first_sentence(str(statement.value.value))))
+            undocumented = []
         else:
-            group.add_argument(flag, type=base, default=argparse.SUPPRESS)
+            undocumented = []
+    return helps
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first full stop followed by a space (or the end), on one line, ready for argparse."""
+    line = " ".join(text.split())
+    match = re.search(r"(?<!e\.g)(?<!i\.e)(?<!vs)(?<!Dr)\.(\s|$)", line)  # not the stop of "e.g." or "Dr."
+    return (line[: match.start() + 1] if match else line).replace("%", "%%")
+
+
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+    """One --flag per GRPOConfig field (--learning-rate, --beta, --loss-type, ...), with its docstring's first
+    sentence as help, in FLAG_GROUPS' groups."""
+    hints = typing.get_type_hints(GRPOConfig)
+    helps = config_field_help()
+    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    for title, names in FLAG_GROUPS.items():
+        group = parser.add_argument_group(f"GRPOConfig: {title}")
+        for name in names:
+            if name in fields:
+                _add_config_flag(group, name, hints[name], helps.get(name))
+
+
+def _add_config_flag(group, name: str, kind, help_line: str | None) -> None:
+    flag = "--" + name.replace("_", "-")
+    optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
+    base = str if str in choices else choices[0]  # report_to, model_init_kwargs (JSON): given as text
+    if typing.get_origin(base) is list:
+        group.add_argument(flag, type=float, nargs="+", default=argparse.SUPPRESS, help=help_line)
+    elif base is bool:
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_line)
+    elif typing.get_origin(base) is typing.Literal:
+        group.add_argument(flag, choices=typing.get_args(base), default=argparse.SUPPRESS, help=help_line)
+    else:
+        group.add_argument(flag, type=base, default=argparse.SUPPRESS, help=help_line)
 
 
 # --- checks that run before any model is loaded ------------------------------------
@@ -150,7 +220,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minigrpo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a model with GRPO on arithmetic")
+    train = commands.add_parser(
+        "train",
+        help="train a model with GRPO on arithmetic",
+        usage="%(prog)s [--model MODEL] [--resume] [--eval-size N] [--GRPOConfig-field VALUE ...]",
+        description="Train a model with GRPO on arithmetic. Every GRPOConfig field is a flag (--learning-rate, "
+        "--beta, ...); a flag not given keeps the model's preset: GRPOConfig.tiny_cpu() for 'tiny', qwen_t4() "
+        "for any other model.",
+    )
     train.add_argument("--model", default=None, help="'tiny' (default on CPU), a Hub id or a local path")
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     train.add_argument(
@@ -270,6 +347,21 @@ def run_grade(args: argparse.Namespace) -> int:
     return grade_command(args.path, as_json=args.json, timeout=args.timeout, jobs=args.jobs, csv_path=args.csv)
 
 
+def usage_errors() -> tuple[type[BaseException], ...]:
+    """The errors reported on one line: bad input (ValueError, OSError) and minigrpo's own errors that name what to
+    change. Each of minigrpo's classes is taken from its module only if that module was imported: an error of a
+    module that never loaded cannot have been raised, and importing it here would load torch for nothing."""
+    errors = [ValueError, OSError]
+    for module, name in (
+        ("minigrpo.rewards", "RewardFunctionError"),
+        ("minigrpo.run.checkpoints", "CheckpointError"),
+        ("minigrpo.run.distributed", "RankFailedError"),
+    ):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -281,16 +373,16 @@ def main(argv: list[str] | None = None) -> int:
             run_pretrain(args)
         elif args.command == "grade":
             return run_grade(args)
-    except (ValueError, OSError, RewardFunctionError, CheckpointError, RankFailedError) as error:
-        if args.debug:
-            raise
-        print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)
-        return EXIT_USAGE
     except FloatingPointError as error:  # trainer.NonFiniteError: the run diverged, which is not a usage mistake
         if args.debug:
             raise
         print(f"error: {_first_line(error)}", file=sys.stderr)
         return 1
+    except Exception as error:
+        if args.debug or not isinstance(error, usage_errors()):
+            raise
+        print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
