@@ -18,6 +18,7 @@ import argparse
 import ast
 import dataclasses
 import functools
+import json
 import os
 import re
 import sys
@@ -199,9 +200,11 @@ def check_eval_size(eval_size: int) -> None:
 def load_checked(model_name: str):
     """load_model_and_tokenizer, with a Hub failure (no connection, unknown id) turned into one clear line."""
     from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.run.progress import library_bars_off
 
     try:
-        return load_model_and_tokenizer(model_name)
+        with library_bars_off():  # no "Loading weights" bar: the command's own lines say what it does
+            return load_model_and_tokenizer(model_name)
     except OSError as error:
         reason = _first_line(error)
         raise OSError(
@@ -272,6 +275,7 @@ def run_train(args: argparse.Namespace) -> None:
     from minigrpo.models import default_model_name
     from minigrpo.run import distributed
     from minigrpo.run.evaluation import evaluate_model
+    from minigrpo.run.progress import last_evaluation, library_bars_off, run_summary
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer
 
@@ -300,6 +304,10 @@ def run_train(args: argparse.Namespace) -> None:
         f"{config.max_steps if config.max_steps > 0 else f'{config.num_train_epochs:g} epochs of'} steps of "
         f"{config.prompts_per_step} prompts x G={config.num_generations}; output in {config.output_dir}"
     )
+    weighted = zip(config.reward_weights or [1.0] * len(reward_funcs), reward_funcs, strict=True)
+    say(
+        "reward = " + " + ".join(f"{weight:g} x {func.__name__}" for weight, func in weighted) + " (the lessons' scale)"
+    )
     before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
     trainer = GRPOTrainer(
         model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
@@ -307,13 +315,53 @@ def run_train(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=args.resume, allow_config_change=args.allow_config_change)
     history = trainer.state.log_history
-    final = trainer.save_model(Path(config.output_dir) / "final")
-    after = next((m["eval_accuracy"] for m in reversed(history) if "eval_accuracy" in m), None)
-    if after is None:  # nothing evaluated in this run (e.g. resumed at max_steps): evaluate now
+    with library_bars_off():  # no "Writing model shards" bar below the run's
+        final = trainer.save_model(Path(config.output_dir) / "final")
+    if distributed.is_main_process():  # what `eval --model <final>` reads to evaluate as this run did
+        record_eval_settings(final, config)
+    evaluated = last_evaluation(history)
+    if evaluated is None or evaluated["step"] != trainer.step:  # the saved model was not evaluated: evaluate it now
         after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
-    say(f"trained in {time.perf_counter() - started:.0f}s; model saved to {final}")
-    say(f"accuracy before: {before:.3f} after: {after:.3f}")
+    else:
+        after = evaluated["eval_accuracy"]
+    say(f"trained in {time.perf_counter() - started:.0f}s")
+    measured = f"{args.eval_size} held-out problems; {eval_settings(config)}"
+    say(run_summary(history, before, after, measured, config.output_dir, final, trainer.metrics_path))
     distributed.teardown()
+
+
+# --- eval evaluates a run's model as train did ----------------------------------------
+EVAL_FIELDS = ("max_prompt_length", "max_completion_length", "eval_batch_size", "bf16")
+"""The settings that decide a greedy evaluation's completions: the prompt cut-off, the completion length, how prompts
+are batched (a batch is left-padded to its longest prompt, and other padding gives other float rounding, which can
+flip a near-tied greedy token) and the precision."""
+EVAL_SETTINGS_FILE = "eval_settings.json"
+
+
+def record_eval_settings(model_dir: Path, config: GRPOConfig) -> None:
+    """Write the run's EVAL_FIELDS beside its saved model, for `eval --model <that folder>`."""
+    settings = {name: getattr(config, name) for name in EVAL_FIELDS}
+    (Path(model_dir) / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def eval_config(model_name: str) -> GRPOConfig:
+    """The config `eval` evaluates with: the model's preset (tiny_cpu() for 'tiny', qwen_t4() otherwise: what `train`
+    evaluates it with before training) with the EVAL_FIELDS of the run that saved it, when its folder records them,
+    so that `eval --model runs/minigrpo/final` prints the accuracy `train` printed."""
+    config = GRPOConfig.for_model(model_name)
+    recorded = Path(model_name) / EVAL_SETTINGS_FILE
+    if model_name != "tiny" and recorded.is_file():
+        settings = json.loads(recorded.read_text())
+        config = config.replace(**{name: settings[name] for name in EVAL_FIELDS if name in settings})
+    return config
+
+
+def eval_settings(config: GRPOConfig) -> str:
+    """How accuracy was measured, as train and eval print it."""
+    return (
+        f"greedy, up to {config.max_completion_length} new tokens, {config.eval_batch_size} prompts per batch, "
+        f"{'bf16 autocast where native' if config.bf16 else 'fp32'}"
+    )
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -322,11 +370,11 @@ def run_eval(args: argparse.Namespace) -> None:
 
     model_name = check_model_name(args.model)
     check_eval_size(args.eval_size)
+    config = eval_config(model_name)
     model, tokenizer = load_checked(model_name)
-    config = GRPOConfig(max_prompt_length=256, max_completion_length=128, eval_batch_size=128)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=args.seed)
     accuracy = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval_accuracy"]
-    print(f"accuracy: {accuracy:.3f} ({args.eval_size} held-out problems, greedy) for {args.model}")
+    print(f"accuracy: {accuracy:.3f} ({args.eval_size} held-out problems; {eval_settings(config)}) for {args.model}")
 
 
 def run_pretrain(args: argparse.Namespace) -> None:
