@@ -395,6 +395,11 @@ def run_grade(args: argparse.Namespace) -> int:
     return grade_command(args.path, as_json=args.json, timeout=args.timeout, jobs=args.jobs, csv_path=args.csv)
 
 
+# Modules of an optional extra (pyproject.toml), which a command imports only when it needs them: a missing one is a
+# line that names the extra, not a traceback.
+OPTIONAL_MODULES = {"nbformat": "grade", "nbclient": "grade", "jupyter_client": "grade", "ipykernel": "grade"}
+
+
 def usage_errors() -> tuple[type[BaseException], ...]:
     """The errors reported on one line: bad input (ValueError, OSError) and minigrpo's own errors that name what to
     change. Each of minigrpo's classes is taken from its module only if that module was imported: an error of a
@@ -425,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"error: {_first_line(error)}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as error:
+        extra = OPTIONAL_MODULES.get((error.name or "").partition(".")[0])
+        if args.debug or extra is None:
+            raise
+        print(
+            f"error: python -m minigrpo {args.command} needs {error.name}, which the '{extra}' extra installs: "
+            f'pip install "minigrpo[{extra}]" (in a clone: pip install -e ".[{extra}]")',
+            file=sys.stderr,
+        )
         return 1
     except Exception as error:
         if args.debug or not isinstance(error, usage_errors()):

@@ -28,7 +28,11 @@ import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = ("test", "qlora")  # the test tools at their lowest too; qlora: bitsandbytes beside the lowest peft
+EXTRAS = (
+    "grade",
+    "test",
+    "qlora",
+)  # the grader's and the test tools at their lowest too; qlora: bitsandbytes beside the lowest peft
 # Installed as given rather than at the lower bound.
 AS_GIVEN = {
     # The suite runs on torch's CPU build, 2.13.0; torch's declared lower bound is what Colab's runtime ships, and

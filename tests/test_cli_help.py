@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import minigrpo
-from minigrpo.__main__ import FLAG_GROUPS, build_parser, config_field_help, first_sentence
+from minigrpo.__main__ import FLAG_GROUPS, build_parser, config_field_help, first_sentence, main
 from minigrpo.config import GRPOConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,3 +89,25 @@ def test_first_sentence_by_hand():
     assert first_sentence("no stop at all") == "no stop at all"
     assert first_sentence("a 5% share.") == "a 5%% share."  # argparse formats help with %
     assert first_sentence("version 1.16 is pinned.") == "version 1.16 is pinned."  # a dot inside a number
+
+
+def test_a_missing_optional_module_is_one_line_naming_its_extra(monkeypatch, capsys):
+    """grade without the grade extra (nbformat, nbclient, ipykernel): one line saying what to install, exit 1."""
+
+    def without_nbformat(args):
+        raise ModuleNotFoundError("No module named 'nbformat'", name="nbformat")
+
+    monkeypatch.setattr("minigrpo.__main__.run_grade", without_nbformat)
+    assert main(["grade", "exercises"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        "error: python -m minigrpo grade needs nbformat, which the 'grade' extra installs: "
+        'pip install "minigrpo[grade]" (in a clone: pip install -e ".[grade]")'
+    )
+
+    def without_something_else(args):
+        raise ModuleNotFoundError("No module named 'numpyy'", name="numpyy")
+
+    monkeypatch.setattr("minigrpo.__main__.run_grade", without_something_else)
+    with pytest.raises(ModuleNotFoundError):  # not an extra's: the traceback, as for any other bug
+        main(["grade", "exercises"])
