@@ -82,9 +82,10 @@ def run_summary(history: Sequence[dict], accuracy_before: float, accuracy_after:
     lines = [f"accuracy before: {accuracy_before:.3f} after: {accuracy_after:.3f} ({measured})"]
     if evaluations:
         best = max(evaluations, key=lambda row: row["eval_accuracy"])  # the first of equal bests
+        count = f"{len(evaluations)} evaluation{'s' if len(evaluations) > 1 else ''}"
         lines.append(
             f"best evaluation: {best['eval_accuracy']:.3f} at step {best['step']} "
-            f"(of {len(evaluations)} evaluations; the saved model is the last step's)"
+            f"(of {count}; the saved model is the last step's)"
         )
     lines += [
         f"model: {final_dir}   (python -m minigrpo eval --model {final_dir})",
