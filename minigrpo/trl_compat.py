@@ -31,7 +31,7 @@ INSTEAD = {
     "lr_scheduler_kwargs": "lr_scheduler_type is 'constant' or 'linear', with warmup_steps",
     "warmup_ratio": "give warmup_steps",
     "deepspeed": "minigrpo scales with torch.distributed (torchrun); DeepSpeed ZeRO is TRL's domain (lesson 08)",
-    "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see the README's 'Scaling out'",
+    "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see docs/scaling.md",
     "vllm_mode": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
     "hub_model_id": "save with trainer.save_model(path), then push that folder with huggingface_hub",
     "log_completions": "completions are in the rollout; print a few with trainer.collect_rollout()",
@@ -54,7 +54,7 @@ def refused_field_message(config_name: str, field_name: str) -> str:
     reason = f"minigrpo does not implement it: {instead}." if instead else "minigrpo does not implement it."
     return (
         f"{config_name} got {field_name}=...: that is a TRL / transformers field (or a typo), and {reason} "
-        "Remove it; the README's 'From TRL' table lists every field minigrpo accepts."
+        "Remove it; docs/trl.md lists every field minigrpo accepts."
     )
 
 

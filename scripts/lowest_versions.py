@@ -36,7 +36,7 @@ EXTRAS = (
 # Installed as given rather than at the lower bound.
 AS_GIVEN = {
     # The suite runs on torch's CPU build, 2.13.0; torch's declared lower bound is what Colab's runtime ships, and
-    # is not tested here (README: "Versions").
+    # is not tested here (docs/versions.md).
     "torch": "torch==2.13.0",
 }
 # Left out of the lowest environment, and the tests that need them.
