@@ -20,7 +20,7 @@ Checks, each recorded in the JSON even when another fails:
 
 --dry-run is the CPU stand-in: the same checks on the bundled tiny Qwen, one step each, with 2 prompts x G=4 and
 8 tokens, peak RSS instead of GPU memory and no memory cap, so that the whole script is exercised where there is
-no GPU (tests/test_bench.py runs it). The last line printed is one JSON summary (its keys are in the README).
+no GPU (tests/test_bench.py runs it). The last line printed is one JSON summary (its keys are in docs/performance.md).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ to its foreach implementation, the CUDA default, whose temporaries (a parameter-
 second moment) count at the optimizer step as they would on a GPU. Not counted: the CUDA context and
 the caching allocator's reserve (add ~0.5-1 GiB on a real GPU), kernels' internal scratch buffers.
 
-The last line printed is one JSON summary, in bytes (its keys are in the README; tests/test_bench.py runs --quick).
+The last line printed is one JSON summary, in bytes (its keys are in docs/performance.md; tests/test_bench.py runs
+--quick).
 """
 
 from __future__ import annotations

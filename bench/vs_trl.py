@@ -62,7 +62,7 @@ from a checkout of the repository:
 (`--t4-config` runs GRPOConfig.qwen_t4() in fp32 without autocast (bf16=False), as on a T4, and reports
 minigrpo's peak GPU memory, to check it stays under 12 GiB.)
 
-The last line printed is one JSON object; its keys are listed in the README (section "PPO, and the
+The last line printed is one JSON object; its keys are listed in docs/performance.md (section "PPO, and the
 benchmarks"), and `tests/test_bench.py` runs `--quick` and checks them.
 """
 

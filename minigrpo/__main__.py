@@ -16,7 +16,10 @@ the command exits with status 2; add --debug to see the traceback instead.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import json
 import os
 import re
 import sys
@@ -25,10 +28,7 @@ import types
 import typing
 from pathlib import Path
 
-from minigrpo.config import GRPOConfig
-from minigrpo.rewards import RewardFunctionError
-from minigrpo.run.checkpoints import CheckpointError
-from minigrpo.run.distributed import RankFailedError
+from minigrpo.config import GRPOConfig  # no torch: --help prints before torch and transformers load
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
 MAX_EVAL_SIZE = 10_000  # the held-out half of the problems with operands 0..99 holds fewer distinct ones
@@ -38,24 +38,95 @@ _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _config_flags(parser: argparse.ArgumentParser) -> None:
-    """One --flag per GRPOConfig field (--learning-rate, --beta, --loss-type, ...)."""
-    hints = typing.get_type_hints(GRPOConfig)
-    group = parser.add_argument_group("GRPOConfig fields (defaults: the preset for the model)")
-    for field in dataclasses.fields(GRPOConfig):
-        flag = "--" + field.name.replace("_", "-")
-        kind = hints[field.name]
-        optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
-        choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
-        base = str if str in choices else choices[0]  # report_to, model_init_kwargs (JSON): given as text
-        if typing.get_origin(base) is list:
-            group.add_argument(flag, type=float, nargs="+", default=argparse.SUPPRESS)
-        elif base is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        elif typing.get_origin(base) is typing.Literal:
-            group.add_argument(flag, choices=typing.get_args(base), default=argparse.SUPPRESS)
+# The train command's GRPOConfig flags, in the groups of TRL's GRPOConfig documentation ("Parameters that control
+# ..."), then transformers' TrainingArguments, which TRL's config extends. minigrpo's own fields join the group
+# where they act (tests/test_cli_help.py: every field is in exactly one group).
+FLAG_GROUPS = {
+    "model and reference model (TRL)": ("model_init_kwargs", "trust_remote_code", "disable_dropout"),
+    "data preprocessing (TRL)": (
+        "remove_unused_columns", "num_generations", "max_prompt_length", "max_completion_length", "shuffle_dataset",
+    ),
+    "generation (TRL)": (
+        "prompts_per_step", "generation_batch_size", "steps_per_generation", "temperature", "top_p", "top_k",
+        "min_p", "repetition_penalty", "use_vllm", "fast_generation", "share_prompt_prefix",
+    ),
+    "training (TRL)": (
+        "beta", "kl_estimator", "num_iterations", "epsilon", "epsilon_high", "importance_sampling_level",
+        "reward_weights", "reward_timeout", "scale_rewards", "baseline", "std_ddof", "advantage_epsilon", "loss_type",
+        "mask_truncated_completions", "use_bias_correction_kl", "dynamic_sampling", "max_num_gen_batches",
+        "logprob_chunk_size",
+    ),
+    "optimisation (TrainingArguments)": (
+        "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
+        "max_grad_norm", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "seed",
+    ),
+    "memory and precision (TrainingArguments)": ("bf16", "fp16", "gradient_checkpointing", "fsdp"),
+    "logging, evaluation and saving (TrainingArguments)": (
+        "output_dir", "overwrite_output_dir", "logging_steps", "logging_dir", "report_to", "eval_strategy",
+        "eval_steps", "eval_batch_size", "save_strategy", "save_steps", "save_total_limit", "resume_from_checkpoint",
+        "push_to_hub",
+    ),
+}  # fmt: skip
+
+
+@functools.cache
+def config_field_help() -> dict[str, str]:
+    """{field: the first sentence of its docstring}, read from config.py's source with ast (milliseconds, and nothing
+    imported). A field's docstring is the string literal after it; fields declared together above one string (adam_beta1
+    and adam_beta2) share it."""
+    import minigrpo.config
+
+    try:
+        tree = ast.parse(Path(minigrpo.config.__file__).read_text(encoding="utf-8"))
+    except OSError:  # no source installed (bytecode only): flags without help lines
+        return {}
+    (config_class,) = (node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "GRPOConfig")
+    helps, undocumented = {}, []
+    for statement in config_class.body:
+        if isinstance(statement, ast.AnnAssign):
+            undocumented.append(statement.target.id)
+        elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and undocumented:
+            helps.update(dict.fromkeys(undocumented, first_sentence(str(statement.value.value))))
+            undocumented = []
         else:
-            group.add_argument(flag, type=base, default=argparse.SUPPRESS)
+            undocumented = []
+    return helps
+
+
+def first_sentence(text: str) -> str:
+    """The text up to its first full stop followed by a space (or the end), on one line, ready for argparse."""
+    line = " ".join(text.split())
+    match = re.search(r"(?<!e\.g)(?<!i\.e)(?<!vs)(?<!Dr)\.(\s|$)", line)  # not the stop of "e.g." or "Dr."
+    return (line[: match.start() + 1] if match else line).replace("%", "%%")
+
+
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+    """One --flag per GRPOConfig field (--learning-rate, --beta, --loss-type, ...), with its docstring's first
+    sentence as help, in FLAG_GROUPS' groups."""
+    hints = typing.get_type_hints(GRPOConfig)
+    helps = config_field_help()
+    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    for title, names in FLAG_GROUPS.items():
+        group = parser.add_argument_group(f"GRPOConfig: {title}")
+        for name in names:
+            if name in fields:
+                _add_config_flag(group, name, hints[name], helps.get(name))
+
+
+def _add_config_flag(group, name: str, kind, help_line: str | None) -> None:
+    flag = "--" + name.replace("_", "-")
+    optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
+    base = str if str in choices else choices[0]  # report_to, model_init_kwargs (JSON): given as text
+    if typing.get_origin(base) is list:
+        group.add_argument(flag, type=float, nargs="+", default=argparse.SUPPRESS, help=help_line)
+    elif base is bool:
+        group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_line)
+    elif typing.get_origin(base) is typing.Literal:
+        group.add_argument(flag, choices=typing.get_args(base), default=argparse.SUPPRESS, help=help_line)
+    else:
+        group.add_argument(flag, type=base, default=argparse.SUPPRESS, help=help_line)
 
 
 # --- checks that run before any model is loaded ------------------------------------
@@ -130,9 +201,11 @@ def check_eval_size(eval_size: int) -> None:
 def load_checked(model_name: str):
     """load_model_and_tokenizer, with a Hub failure (no connection, unknown id) turned into one clear line."""
     from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.run.progress import library_bars_off
 
     try:
-        return load_model_and_tokenizer(model_name)
+        with library_bars_off():  # no "Loading weights" bar: the command's own lines say what it does
+            return load_model_and_tokenizer(model_name)
     except OSError as error:
         reason = _first_line(error)
         raise OSError(
@@ -151,7 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minigrpo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    train = commands.add_parser("train", help="train a model with GRPO on arithmetic")
+    train = commands.add_parser(
+        "train",
+        help="train a model with GRPO on arithmetic",
+        usage="%(prog)s [--model MODEL] [--resume] [--eval-size N] [--GRPOConfig-field VALUE ...]",
+        description="Train a model with GRPO on arithmetic. Every GRPOConfig field is a flag (--learning-rate, "
+        "--beta, ...); a flag not given keeps the model's preset: GRPOConfig.tiny_cpu() for 'tiny', qwen_t4() "
+        "for any other model.",
+    )
     train.add_argument("--model", default=None, help="'tiny' (default on CPU), a Hub id or a local path")
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     train.add_argument(
@@ -231,6 +311,7 @@ def run_train(args: argparse.Namespace) -> None:
     from minigrpo.models import default_model_name
     from minigrpo.run import distributed
     from minigrpo.run.evaluation import evaluate_model
+    from minigrpo.run.progress import last_evaluation, library_bars_off, run_summary
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer
 
@@ -259,6 +340,10 @@ def run_train(args: argparse.Namespace) -> None:
         f"{config.max_steps if config.max_steps > 0 else f'{config.num_train_epochs:g} epochs of'} steps of "
         f"{config.prompts_per_step} prompts x G={config.num_generations}; output in {config.output_dir}"
     )
+    weighted = zip(config.reward_weights or [1.0] * len(reward_funcs), reward_funcs, strict=True)
+    say(
+        "reward = " + " + ".join(f"{weight:g} x {func.__name__}" for weight, func in weighted) + " (the lessons' scale)"
+    )
     before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
     trainer = GRPOTrainer(
         model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
@@ -270,13 +355,53 @@ def run_train(args: argparse.Namespace) -> None:
         allow_dataset_change=args.allow_dataset_change,
     )
     history = trainer.state.log_history
-    final = trainer.save_model(Path(config.output_dir) / "final")
-    after = next((m["eval_accuracy"] for m in reversed(history) if "eval_accuracy" in m), None)
-    if after is None:  # nothing evaluated in this run (e.g. resumed at max_steps): evaluate now
+    with library_bars_off():  # no "Writing model shards" bar below the run's
+        final = trainer.save_model(Path(config.output_dir) / "final")
+    if distributed.is_main_process():  # what `eval --model <final>` reads to evaluate as this run did
+        record_eval_settings(final, config)
+    evaluated = last_evaluation(history)
+    if evaluated is None or evaluated["step"] != trainer.step:  # the saved model was not evaluated: evaluate it now
         after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
-    say(f"trained in {time.perf_counter() - started:.0f}s; model saved to {final}")
-    say(f"accuracy before: {before:.3f} after: {after:.3f}")
+    else:
+        after = evaluated["eval_accuracy"]
+    say(f"trained in {time.perf_counter() - started:.0f}s")
+    measured = f"{args.eval_size} held-out problems; {eval_settings(config)}"
+    say(run_summary(history, before, after, measured, config.output_dir, final, trainer.metrics_path))
     distributed.teardown()
+
+
+# --- eval evaluates a run's model as train did ----------------------------------------
+EVAL_FIELDS = ("max_prompt_length", "max_completion_length", "eval_batch_size", "bf16")
+"""The settings that decide a greedy evaluation's completions: the prompt cut-off, the completion length, how prompts
+are batched (a batch is left-padded to its longest prompt, and other padding gives other float rounding, which can
+flip a near-tied greedy token) and the precision."""
+EVAL_SETTINGS_FILE = "eval_settings.json"
+
+
+def record_eval_settings(model_dir: Path, config: GRPOConfig) -> None:
+    """Write the run's EVAL_FIELDS beside its saved model, for `eval --model <that folder>`."""
+    settings = {name: getattr(config, name) for name in EVAL_FIELDS}
+    (Path(model_dir) / EVAL_SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def eval_config(model_name: str) -> GRPOConfig:
+    """The config `eval` evaluates with: the model's preset (tiny_cpu() for 'tiny', qwen_t4() otherwise: what `train`
+    evaluates it with before training) with the EVAL_FIELDS of the run that saved it, when its folder records them,
+    so that `eval --model runs/minigrpo/final` prints the accuracy `train` printed."""
+    config = GRPOConfig.for_model(model_name)
+    recorded = Path(model_name) / EVAL_SETTINGS_FILE
+    if model_name != "tiny" and recorded.is_file():
+        settings = json.loads(recorded.read_text())
+        config = config.replace(**{name: settings[name] for name in EVAL_FIELDS if name in settings})
+    return config
+
+
+def eval_settings(config: GRPOConfig) -> str:
+    """How accuracy was measured, as train and eval print it."""
+    return (
+        f"greedy, up to {config.max_completion_length} new tokens, {config.eval_batch_size} prompts per batch, "
+        f"{'bf16 autocast where native' if config.bf16 else 'fp32'}"
+    )
 
 
 def run_eval(args: argparse.Namespace) -> None:
@@ -285,11 +410,11 @@ def run_eval(args: argparse.Namespace) -> None:
 
     model_name = check_model_name(args.model)
     check_eval_size(args.eval_size)
+    config = eval_config(model_name)
     model, tokenizer = load_checked(model_name)
-    config = GRPOConfig(max_prompt_length=256, max_completion_length=128, eval_batch_size=128)
     eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=args.seed)
     accuracy = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval_accuracy"]
-    print(f"accuracy: {accuracy:.3f} ({args.eval_size} held-out problems, greedy) for {args.model}")
+    print(f"accuracy: {accuracy:.3f} ({args.eval_size} held-out problems; {eval_settings(config)}) for {args.model}")
 
 
 def run_pretrain(args: argparse.Namespace) -> None:
@@ -320,6 +445,26 @@ def run_grade(args: argparse.Namespace) -> int:
     )
 
 
+# Modules of an optional extra (pyproject.toml), which a command imports only when it needs them: a missing one is a
+# line that names the extra, not a traceback.
+OPTIONAL_MODULES = {"nbformat": "grade", "nbclient": "grade", "jupyter_client": "grade", "ipykernel": "grade"}
+
+
+def usage_errors() -> tuple[type[BaseException], ...]:
+    """The errors reported on one line: bad input (ValueError, OSError) and minigrpo's own errors that name what to
+    change. Each of minigrpo's classes is taken from its module only if that module was imported: an error of a
+    module that never loaded cannot have been raised, and importing it here would load torch for nothing."""
+    errors = [ValueError, OSError]
+    for module, name in (
+        ("minigrpo.rewards", "RewardFunctionError"),
+        ("minigrpo.run.checkpoints", "CheckpointError"),
+        ("minigrpo.run.distributed", "RankFailedError"),
+    ):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -331,16 +476,26 @@ def main(argv: list[str] | None = None) -> int:
             run_pretrain(args)
         elif args.command == "grade":
             return run_grade(args)
-    except (ValueError, OSError, RewardFunctionError, CheckpointError, RankFailedError) as error:
-        if args.debug:
-            raise
-        print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)
-        return EXIT_USAGE
     except FloatingPointError as error:  # trainer.NonFiniteError: the run diverged, which is not a usage mistake
         if args.debug:
             raise
         print(f"error: {_first_line(error)}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as error:
+        extra = OPTIONAL_MODULES.get((error.name or "").partition(".")[0])
+        if args.debug or extra is None:
+            raise
+        print(
+            f"error: python -m minigrpo {args.command} needs {error.name}, which the '{extra}' extra installs: "
+            f'pip install "minigrpo[{extra}]" (in a clone: pip install -e ".[{extra}]")',
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as error:
+        if args.debug or not isinstance(error, usage_errors()):
+            raise
+        print(f"error: {_first_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

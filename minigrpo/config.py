@@ -430,8 +430,8 @@ class GRPOConfig:
 
         fp32 policy + fp32 reference + gradients + AdamW's two moments are 5 copies of the weights before any
         activation; micro-batches of 8 completions with gradient checkpointing keep a whole step within a T4's
-        memory (`python bench/memory.py --model qwen0.5b-shape --preset t4` measures it; the README's memory table
-        gives the figures)."""
+        memory (`python bench/memory.py --model qwen0.5b-shape --preset t4` measures it; the memory table in
+        docs/performance.md gives the figures)."""
         return cls.from_preset(QWEN_T4, **overrides)
 
     @classmethod
@@ -444,8 +444,8 @@ class GRPOConfig:
         every rank (1e-5 here; not swept).
         Weights are the fp32 base and the adapters (with their gradients and AdamW moments); the reference is the
         base with the adapters off, no copy. `python bench/memory.py --model qwen1.5b-shape --preset lora-t4 --lora`
-        measures a whole step's peak (on a bf16 GPU add --fp32 for a T4's precision); the README's memory table
-        gives the figures."""
+        measures a whole step's peak (on a bf16 GPU add --fp32 for a T4's precision); the LoRA table in
+        docs/architecture.md gives the figures."""
         return cls.from_preset(QWEN1_5B_LORA_T4, **overrides)
 
 

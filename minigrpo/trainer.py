@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo.advantages import group_relative_advantages, group_rewards
@@ -55,6 +54,7 @@ from minigrpo.run.checkpoints import METRICS_FILE
 from minigrpo.run.datasets import as_dataset, check_columns, check_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
+from minigrpo.run.progress import RunProgress, library_bars_off
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
 from minigrpo.run.schedule import PromptSampler, lr_at, micro_batches, resolve_max_steps
 from minigrpo.run.trl_api import TrlTrainerMixin
@@ -307,7 +307,8 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         config = self.config
         # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
         lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
-        with lock, termination_as_interrupt():  # SIGTERM / SIGHUP save and stop as Ctrl-C does
+        # SIGTERM / SIGHUP save and stop as Ctrl-C does; transformers' own bars (checkpoint writes) stay off our bar
+        with lock, termination_as_interrupt(), library_bars_off():
             self._begin(resume_from_checkpoint, allow_config_change, allow_dataset_change)
             self.model.train()
             progress = self._progress_bar()
@@ -336,8 +337,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                         unlogged.clear()
                     if config.save_strategy == "steps" and self._due(before, config.save_steps):
                         self.save_checkpoint()  # Ctrl-C / SIGTERM wait until it is written
-                progress.update(self.step - before)
-                progress.set_postfix({k: f"{metrics[k]:.3f}" for k in ("reward",) if k in metrics})
+                progress.advance(self.step - before, metrics, self.history)  # reward, rewards/<fn>, eval_accuracy
                 control = self.callback_handler.fire("on_step_end", self)
                 if control.should_save or (control.should_training_stop and self.step < self.max_steps):
                     self.save_checkpoint()  # a stopped run keeps a checkpoint to resume from
@@ -346,13 +346,11 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
             self.callback_handler.fire("on_train_end", self)
             return self.train_output(self.step - first_step, loss_sum, time.perf_counter() - started)
 
-    def _progress_bar(self) -> tqdm:
-        return tqdm(
-            total=self.max_steps,
+    def _progress_bar(self) -> RunProgress:
+        return RunProgress(
+            self.max_steps,
             initial=self.step,
             desc=type(self).__name__.removesuffix("Trainer"),
-            unit="step",
-            dynamic_ncols=True,
             disable=not distributed.is_main_process(),
         )
 

@@ -21,8 +21,6 @@ import dataclasses
 import functools
 import os
 
-import torch.distributed as dist
-
 # What minigrpo does instead, for the fields a TRL GRPO script most often sets.
 INSTEAD = {
     "per_device_eval_batch_size": "evaluation is greedy, eval_batch_size prompts per generate call",
@@ -33,7 +31,7 @@ INSTEAD = {
     "lr_scheduler_kwargs": "lr_scheduler_type is 'constant' or 'linear', with warmup_steps",
     "warmup_ratio": "give warmup_steps",
     "deepspeed": "minigrpo scales with torch.distributed (torchrun); DeepSpeed ZeRO is TRL's domain (lesson 08)",
-    "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see the README's 'Scaling out'",
+    "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see docs/scaling.md",
     "vllm_mode": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
     "hub_model_id": "save with trainer.save_model(path), then push that folder with huggingface_hub",
     "log_completions": "completions are in the rollout; print a few with trainer.collect_rollout()",
@@ -56,7 +54,7 @@ def refused_field_message(config_name: str, field_name: str) -> str:
     reason = f"minigrpo does not implement it: {instead}." if instead else "minigrpo does not implement it."
     return (
         f"{config_name} got {field_name}=...: that is a TRL / transformers field (or a typo), and {reason} "
-        "Remove it; the README's 'From TRL' table lists every field minigrpo accepts."
+        "Remove it; docs/trl.md lists every field minigrpo accepts."
     )
 
 
@@ -120,6 +118,8 @@ def world_size() -> int:
     """K, the processes in the run: the process group's size once torch.distributed is set up, torchrun's
     WORLD_SIZE before that (a config is built before the group exists), else 1. The one source of truth:
     minigrpo.run.distributed uses it too. per_device_train_batch_size is per process."""
+    import torch.distributed as dist  # here, not at the top: the config (and the CLI's --help) needs no torch
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -28,12 +28,16 @@ import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-EXTRAS = ("test", "qlora")  # the test tools at their lowest too; qlora: bitsandbytes beside the lowest peft
+EXTRAS = (
+    "grade",
+    "test",
+    "qlora",
+)  # the grader's and the test tools at their lowest too; qlora: bitsandbytes beside the lowest peft
 # Installed as given rather than at the lower bound.
 AS_GIVEN = {
     # The suite runs on torch's CPU build, 2.13.0. torch's declared lower bound, 2.4, has no CPU build on PyPI (its
     # default build pulls gigabytes of CUDA libraries) and is not tested; Colab's torch, 2.11, is: scripts/colab_env.py
-    # runs tests/test_distributed.py (left out below), the lessons and the capstone on it (README: "Versions").
+    # runs tests/test_distributed.py (left out below), the lessons and the capstone on it (docs/versions.md).
     "torch": "torch==2.13.0",
 }
 # Left out of the lowest environment, and the tests that need them.
@@ -43,7 +47,7 @@ LEFT_OUT = {
     "trl": ["tests/test_rewards.py::test_soft_overlong_punishment_matches_trl"],
 }
 FROM_SOURCE = {"psutil"}  # psutil 5.9.0 has no wheel for Python 3.11+ (the first is 5.9.4): pip compiles it (~20 s)
-LESSONS = [f"notebooks/{name}" for name in ("00_*", "01_*", "02*", "03_*", "04_*")]
+LESSONS = [f"notebooks/{name}" for name in ("00_*", "01_*", "02*", "03_*", "04*")]
 # The unit tests, less those that take minutes and whose third-party calls the remaining tests make too, so that
 # .ci/run stays within 30 minutes on two cores: the browser test (JupyterLab 4 with ipywidgets 8, the newest front
 # end), the wheel test (packaging), the multi-process runs (torch.distributed: the same torch in both runs), the

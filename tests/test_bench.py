@@ -1,5 +1,6 @@
-"""Every script in bench/ in its fast mode, as the README shows it: it exits 0 and its last line is one JSON object with
-exactly the keys the README lists for it. A benchmark that nothing runs breaks silently when the package moves."""
+"""Every script in bench/ in its fast mode, as docs/performance.md shows it: it exits 0 and its last line is one JSON
+object with exactly the keys docs/performance.md lists for it. A benchmark that nothing runs breaks silently when the
+package moves."""
 
 import ast
 import json
@@ -17,8 +18,8 @@ NEEDS = {"vs_trl.py": ("trl",), "gpu_check.py": ("trl", "dashscope")}  # the ben
 
 
 def readme_rows() -> dict[str, tuple[list[str], set[str]]]:
-    """{script name: (fast-mode arguments, documented keys)} from the README's table of bench scripts."""
-    readme = (ROOT / "README.md").read_text()
+    """{script name: (fast-mode arguments, documented keys)} from the table of bench scripts in docs/performance.md."""
+    readme = (ROOT / "docs" / "performance.md").read_text()
     rows = {}
     for script, fast, keys in re.findall(r"^\| `bench/(\w+\.py)` \| `([^`]+)` \| (.+) \|$", readme, re.M):
         names = set()

@@ -58,7 +58,8 @@ def without_code(markdown: str) -> str:
     return INLINE_CODE.sub(" ", text)
 
 
-EXERCISES = re.compile(r"^## Questions to try \(not graded\)\n.*?(?=^## |\Z)", re.M | re.S)  # the lesson's own questions
+# a lesson's own questions (not its graded Practice section)
+EXERCISES = re.compile(r"^## Questions to try \(not graded\)\n.*?(?=^## |\Z)", re.M | re.S)
 
 
 def prose(nb) -> str:
@@ -178,3 +179,31 @@ def test_the_scanner_by_hand():
     assert shown_equals("0.43", [0.4299]) and not shown_equals("0.43", [0.4351])
     assert shown_equals("7%", [0.070]) and shown_equals("28%", [0.276]) and not shown_equals("7%", [0.078])
     assert shown_equals("−0.031", [-0.0312]) and shown_equals("9.9", [9.88])
+
+
+# The README's figures, each with its source: a lesson whose checked cells print it, or the command of a full run.
+# Inline code that is a requirement or an argument (`torch>=2.4,<2.15`, `--seed 1`) holds versions, not figures.
+README_FIGURES = {
+    "0.430": "lesson 06",  # the tiny Qwen's held-out accuracy before training
+    "0.755": "python -m minigrpo train",  # after the default run (the summary's first line)
+    "0.875": "lesson 03",  # the worked example's mean reward
+}
+REQUIREMENT_OR_ARGUMENT = re.compile(r"`[^`\n]*[=<>-][^`\n]*`")
+
+
+def readme_figures() -> list[tuple[str, str]]:
+    text = REQUIREMENT_OR_ARGUMENT.sub(" ", FENCED.sub(" ", (ROOT / "README.md").read_text()))
+    return figures_in(text)
+
+
+def test_every_readme_figure_has_one_source():
+    shown = readme_figures()
+    undeclared = [f"{figure!r} in ...{context}..." for figure, context in shown if figure not in README_FIGURES]
+    assert not undeclared, "README.md: figures without a source in README_FIGURES:\n" + "\n".join(undeclared)
+    assert {figure for figure, _ in shown} == set(README_FIGURES), "README_FIGURES lists a figure the README dropped"
+    for figure, source in README_FIGURES.items():
+        other = re.fullmatch(r"lesson (\d\d[a-z]?)", source)
+        if other:
+            assert shown_equals(figure, checked_numbers(lesson(other.group(1)))), f"{figure} is not printed by {source}"
+        else:
+            assert source.startswith("python "), f"cite {figure} with the command that gives it"

@@ -3,7 +3,7 @@
 A module or an asset left out of the wheel (a new subpackage that packages.find does not include, the tiny model's
 files missing from package-data) passes every other test, which import the checkout. This one builds the wheel from
 the package's sources, installs it into a fresh virtual environment that borrows this environment's dependencies
-(--system-site-packages: nothing is downloaded), and runs lesson 00 and a two-step training run from a folder
+(nothing is downloaded), and runs lesson 00 and a two-step training run from a folder
 outside the repository, with no PYTHONPATH pointing back at it.
 """
 
@@ -34,6 +34,23 @@ def checked(command: list, cwd: Path, env: dict, timeout: int = 600) -> str:
     return result.stdout
 
 
+def running_site_packages() -> list[str]:
+    """The folders this interpreter imports installed packages from: its own site-packages (a virtual
+    environment's, when it runs in one) and those it reaches beyond it (the base interpreter's, the user's)."""
+    return [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages") and Path(path).is_dir()]
+
+
+def borrow_site_packages(venv_dir: Path) -> Path:
+    """Let the virtual environment at venv_dir import this interpreter's packages, after its own: a .pth file in its
+    site-packages lists their folders. (venv's system_site_packages=True would give the *base* interpreter's, not an
+    outer virtual environment's, where a learner has installed torch.) Their own .pth files are not run, so an
+    editable install of minigrpo there cannot shadow the wheel. Returns the .pth file."""
+    (own,) = venv_dir.glob("lib/python*/site-packages")
+    pth = own / "borrowed-site-packages.pth"
+    pth.write_text("".join(f"{path}\n" for path in running_site_packages()))
+    return pth
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(the venv's python, a folder outside the repository, the environment to run in) with the wheel installed."""
@@ -50,12 +67,19 @@ def installed(tmp_path_factory):
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", home / "dist"]
     checked([*build, source], cwd=home, env=env)
     (wheel,) = (home / "dist").glob("minigrpo-*.whl")
-    venv.create(home / "venv", system_site_packages=True)  # torch, transformers, ...: this environment's
+    venv.create(home / "venv")  # pip too is borrowed
+    borrow_site_packages(home / "venv")  # torch, transformers, ...: this interpreter's, wherever they are
     python = home / "venv" / "bin" / "python"
     checked([python, "-m", "pip", "install", "-q", "--no-deps", wheel], cwd=home, env=env)
     outside = home / "outside"
     outside.mkdir()
     return python, outside, env
+
+
+def test_the_nested_environment_borrows_this_interpreters_packages(installed):
+    python, outside, env = installed
+    found = checked([python, "-c", "import torch, transformers; print(torch.__file__)"], cwd=outside, env=env).strip()
+    assert any(Path(found).is_relative_to(path) for path in running_site_packages()), found
 
 
 def test_the_wheel_is_what_python_imports(installed):
