@@ -47,7 +47,7 @@ LEFT_OUT = {
     "trl": ["tests/test_rewards.py::test_soft_overlong_punishment_matches_trl"],
 }
 FROM_SOURCE = {"psutil"}  # psutil 5.9.0 has no wheel for Python 3.11+ (the first is 5.9.4): pip compiles it (~20 s)
-LESSONS = [f"notebooks/{name}" for name in ("00_*", "01_*", "02*", "03_*", "04*")]
+LESSONS = [f"notebooks/{name}" for name in ("00_*", "01_*", "02*", "03_*", "04_*")]
 # The unit tests, less those that take minutes and whose third-party calls the remaining tests make too, so that
 # .ci/run stays within 30 minutes on two cores: the browser test (JupyterLab 4 with ipywidgets 8, the newest front
 # end), the wheel test (packaging), the multi-process runs (torch.distributed: the same torch in both runs), the
