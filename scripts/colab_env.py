@@ -85,10 +85,11 @@ def find_python(version: str, environ: dict | None = None) -> Path:
 
 
 def test_tools(pyproject_text: str) -> list[str]:
-    """TEST_TOOLS as pyproject.toml's test extra declares them ("pytest>=8", ...)."""
+    """TEST_TOOLS as pyproject.toml's test and grade extras declare them ("pytest>=8", ...)."""
     import tomllib
 
-    declared = tomllib.loads(pyproject_text)["project"]["optional-dependencies"]["test"]
+    extras = tomllib.loads(pyproject_text)["project"]["optional-dependencies"]
+    declared = extras["test"] + extras.get("grade", [])  # the grader's nbclient, nbformat, ipykernel: its own extra
     by_name = {text.split(">")[0].split("=")[0].split("<")[0].strip(): text for text in declared}
     return [by_name[name] for name in TEST_TOOLS]
 

@@ -296,9 +296,9 @@ class RecordingGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.losses, self.gradients, self.weights = [], [], []
 
-    def clip_gradients(self, params: list[torch.nn.Parameter], max_norm: float) -> float:
+    def clip_gradients(self, params: list[torch.nn.Parameter], max_norm: float, advantages=None) -> float:
         self.gradients.append({n: p.grad.detach().clone() for n, p in self.model.named_parameters()})
-        return super().clip_gradients(params, max_norm)
+        return super().clip_gradients(params, max_norm, advantages)
 
     def grpo_step(self, *args, **kwargs) -> dict:
         totals = super().grpo_step(*args, **kwargs)
