@@ -173,7 +173,7 @@ def test_this_process_has_imported_torch_and_not_an_uninstalled_name():
             0,
             False,
             "Installed trl==1.16.0, which moved torch {torch} -> 0.0.1 after this runtime imported it: restart the "
-            "runtime (Runtime > Restart session), then run the lesson again from the top.\n",
+            "runtime from Colab's Runtime menu, then run the lesson again from the top.\n",
         ),
         ({}, 1, False, "pip could not install trl==1.16.0: ERROR: Repository not found.\n"),
     ],

@@ -94,7 +94,7 @@ def install_trl(requirement: str = TRL_REQUIREMENT) -> bool:
     if moved:
         print(
             f"Installed {requirement}, which moved {', '.join(moved)} after this runtime imported it: restart the "
-            "runtime (Runtime > Restart session), then run the lesson again from the top."
+            "runtime from Colab's Runtime menu, then run the lesson again from the top."
         )
         return False
     print(f"Installed {requirement}.")
