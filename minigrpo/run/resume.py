@@ -28,26 +28,34 @@ from minigrpo.run.metrics import average_metrics
 
 
 @contextlib.contextmanager
+def _signal_handlers(names: tuple[str, ...], handler):
+    """Handle the signals `names` (those this platform has: Windows has no SIGHUP) with `handler` while the block
+    runs, then give the previous handlers back. Off the main thread (Python lets only it set handlers) and under
+    torchrun the signals keep their own behaviour."""
+    if threading.current_thread() is not threading.main_thread() or distributed.is_distributed():
+        yield
+        return
+    previous = {name: signal.signal(getattr(signal, name), handler) for name in names if hasattr(signal, name)}
+    try:
+        yield
+    finally:
+        for name, old in previous.items():
+            signal.signal(getattr(signal, name), old)
+
+
+@contextlib.contextmanager
 def termination_as_interrupt():
     """While training, SIGTERM and SIGHUP raise KeyboardInterrupt, so they save and stop as Ctrl-C does: `kill`,
     `docker stop`, SLURM's pre-emption and a notebook runtime shutting down send SIGTERM; a closed terminal SIGHUP.
     Python lets only the main thread set handlers: elsewhere the signals keep their own behaviour. Under torchrun too:
     torchrun ends the other ranks with SIGTERM when one fails, and a rank blocked in a collective (waiting for the
     failed one) could not run a Python handler, so it would hang instead of ending."""
-    if threading.current_thread() is not threading.main_thread() or distributed.is_distributed():
-        yield
-        return
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt(f"{signal.Signals(signum).name} received: stopping as Ctrl-C does")
 
-    names = [name for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]  # Windows has no SIGHUP
-    previous = {name: signal.signal(getattr(signal, name), interrupt) for name in names}
-    try:
+    with _signal_handlers(("SIGTERM", "SIGHUP"), interrupt):
         yield
-    finally:
-        for name, handler in previous.items():
-            signal.signal(getattr(signal, name), handler)
 
 
 DEFERRED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
@@ -64,22 +72,12 @@ def signals_deferred():
     once the checkpoint is complete. A second Ctrl-C during the save does not cut it short (kill -9 still does:
     the temporary folder is then never renamed, and a resume skips it). Only the main thread can set handlers,
     and under torchrun the signals keep their own behaviour (as in termination_as_interrupt)."""
-    if threading.current_thread() is not threading.main_thread() or distributed.is_distributed():
-        yield
-        return
     received: list[int] = []
-    names = [name for name in DEFERRED_SIGNALS if hasattr(signal, name)]  # Windows has no SIGHUP
-
-    def note(signum, frame):
-        received.append(signum)
-
-    previous = {name: signal.signal(getattr(signal, name), note) for name in names}
     try:
-        yield
-    finally:
-        for name, handler in previous.items():
-            signal.signal(getattr(signal, name), handler)
-        for signum in dict.fromkeys(received):  # each signal once, in the order they came
+        with _signal_handlers(DEFERRED_SIGNALS, lambda signum, frame: received.append(signum)):
+            yield
+    finally:  # the previous handlers are back: each noted signal once, in the order they came
+        for signum in dict.fromkeys(received):
             signal.raise_signal(signum)
 
 
