@@ -145,6 +145,8 @@ def test_the_cause_of_a_failed_write_is_named_whatever_raised_it():
 
     assert write_errno(torch_style(errno.ENOSPC)) == errno.ENOSPC
     assert write_errno(RuntimeError("Error while serializing: I/O error: File too large (os error 27)")) == 27
+    old_safetensors = 'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left" })'
+    assert write_errno(RuntimeError(old_safetensors)) == 28  # safetensors before 0.5
     assert write_errno(PermissionError(errno.EACCES, "Permission denied")) == errno.EACCES
     assert write_errno(RuntimeError("something else")) is None
     cases = {

@@ -459,7 +459,8 @@ SAVE_FIXES = {  # errno -> what to do, for save_failure
     errno.EPERM: "make output_dir writable or choose another one",
     errno.EROFS: "the file system is read-only: choose an output_dir on a writable one",
 }
-_OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)|\[Errno (\d+)\]")  # safetensors' (Rust) and Python's forms
+# safetensors' Rust error, as it prints since 0.5 ("os error 27") and before ("Os { code: 27, ..."), and Python's
+_OS_ERROR_IN_TEXT = re.compile(r"os error (\d+)|Os \{ code: (\d+)|\[Errno (\d+)\]")
 
 
 def save_failure(error: BaseException, what: str) -> OSError:
@@ -478,7 +479,7 @@ def save_failure(error: BaseException, what: str) -> OSError:
 
 def write_errno(error: BaseException) -> int | None:
     """The errno behind a failed write: of the first OSError in the exception's chain, else one written in its
-    text ("... (os error 27)" from safetensors), else None."""
+    text (safetensors: "... (os error 27)", or "Os { code: 27, ..." before 0.5), else None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -486,7 +487,7 @@ def write_errno(error: BaseException) -> int | None:
             return error.errno
         match = _OS_ERROR_IN_TEXT.search(str(error))
         if match:
-            return int(match.group(1) or match.group(2))
+            return int(next(group for group in match.groups() if group))
         error = error.__cause__ or error.__context__
     return None
 
