@@ -11,7 +11,9 @@ In every code cell, the lines from `### BEGIN SOLUTION` to `### END SOLUTION`
 
 so a function keeps its signature and docstring (put the markers after the
 docstring). In a markdown cell the block becomes "_Your answer here._". Outputs,
-execution counts and ipywidgets state are stripped, links to solutions/<name> point to
+execution counts and ipywidgets state are stripped, a cell tagged `solution-only`
+(View > Cell toolbar > Tags; for what points at the answer, such as a worked
+reference) is left out, links to solutions/<name> point to
 exercises/<name> (the Colab badge), and everything else is copied unchanged,
 so cells that scripts/stamp_colab.py added to a solution carry over.
 
@@ -43,6 +45,7 @@ CODE_STUB = [
     'raise NotImplementedError("Exercise: replace this line with your solution, then run the check below.")',
 ]
 MARKDOWN_STUB = ["_Your answer here._"]
+SOLUTION_ONLY = "solution-only"  # a cell tag: the cell stays in the solution and is left out of the exercise
 
 
 def strip_solutions(source: str, stub: list[str]) -> str:
@@ -71,6 +74,7 @@ def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.Notebo
     """The exercise notebook for one solution notebook (a new object; the solution is not modified)."""
     exercise = copy.deepcopy(solution)
     exercise.metadata.pop("widgets", None)  # ipywidgets state: a snapshot of one run's widgets, never committed
+    exercise.cells = [cell for cell in exercise.cells if SOLUTION_ONLY not in cell.metadata.get("tags", [])]
     for cell in exercise.cells:
         if cell.cell_type == "code":
             cell.source = strip_solutions(cell.source, CODE_STUB)

@@ -69,6 +69,25 @@ def test_a_solution_block_becomes_a_stub_that_keeps_signature_and_docstring():
         namespace["f"](1)
 
 
+def test_a_cell_tagged_solution_only_stays_out_of_the_exercise():
+    solution = nbformat.v4.new_notebook()
+    solution.cells = [
+        nbformat.v4.new_markdown_cell("the task"),
+        nbformat.v4.new_markdown_cell("the worked reference", metadata={"tags": ["solution-only"]}),
+        nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["solution-only", "other"]}),
+        nbformat.v4.new_markdown_cell("what to remember", metadata={"tags": ["other"]}),
+    ]
+    exercise = make_exercises.make_exercise(solution, "99_example.ipynb")
+    assert [cell.source for cell in exercise.cells] == ["the task", "what to remember"]
+    assert len(solution.cells) == 4  # the solution keeps it
+
+
+def test_the_capstone_links_the_single_file_example_in_its_solution_only():
+    link = "examples/grpo_single_file.py"
+    assert link in SOLUTIONS.joinpath("15_grpo_from_scratch.ipynb").read_text()
+    assert link not in EXERCISES.joinpath("15_grpo_from_scratch.ipynb").read_text()
+
+
 @pytest.mark.parametrize(
     "source",
     [
