@@ -442,14 +442,21 @@ def run_pretrain(args: argparse.Namespace) -> None:
 
 
 def run_grade(args: argparse.Namespace) -> int:
-    from minigrpo.grading import grade_command
-
     if args.jobs is not None and args.jobs < 1:
         print(f"error: --jobs {args.jobs}: give 1 or more notebooks at once.", file=sys.stderr)
         return 2
     if args.timeout is not None and args.timeout < 1:
         print(f"error: --timeout {args.timeout}: give 1 second or more per notebook.", file=sys.stderr)
         return 2
+    if Path(args.path).exists():  # said before the grader's imports and the first kernel's start, which take seconds
+        print(
+            f"grading {args.path}: each notebook runs in a kernel of its own, its checks then judged apart; "
+            "a line as each one finishes",
+            file=sys.stderr,
+            flush=True,
+        )
+    from minigrpo.grading import grade_command
+
     return grade_command(
         args.path,
         as_json=args.json,

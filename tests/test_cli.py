@@ -89,3 +89,23 @@ def test_a_bad_config_value_is_one_line(capsys):
 def test_debug_shows_the_traceback():
     with pytest.raises(FileNotFoundError, match="no such folder"):
         main(["eval", "--model", "/no/such/minigrpo-model", "--debug"])
+
+
+def test_grade_says_what_it_does_before_it_starts(capsys, monkeypatch, tmp_path):
+    import minigrpo.grading
+
+    said_first = []
+
+    def grade_command(path, **options):  # the grader itself: the line must be on stderr before it starts
+        said_first.append(capsys.readouterr().err)
+        return 0
+
+    monkeypatch.setattr(minigrpo.grading, "grade_command", grade_command)
+    (tmp_path / "class").mkdir()
+    assert main(["grade", str(tmp_path / "class")]) == 0
+    assert said_first == [
+        f"grading {tmp_path / 'class'}: each notebook runs in a kernel of its own, its checks then judged apart; a "
+        "line as each one finishes\n"
+    ]
+    assert main(["grade", str(tmp_path / "nothing-here")]) == 0  # a missing path: the grader's own error, no line
+    assert said_first[1] == ""
