@@ -1,0 +1,146 @@
+"""The README's course map, made from the lessons themselves: lesson, graded exercises, reading time, run time.
+
+Each row's question is README.md's own (edit it there: --write keeps it); the other columns come from the lessons.
+
+    python scripts/course_map.py            # print the map (Markdown)
+    python scripts/course_map.py --write    # put it into README.md, between the map's two marker lines
+    python scripts/course_map.py --check    # exit 1 when README.md or a lesson's first line disagrees (tests)
+
+Reading time is the lesson's words, prose and code, at 150 a minute, rounded to 5 minutes (lesson 04b counted 2,963
+words in 20 minutes by hand; code is read more slowly than prose and is counted as words). Each lesson's **Time:** line
+must state the same reading time. The graded exercises are those its "## Practice: graded exercises" section links.
+The run time is what the lesson's **Time:** line says of its code, quoted: those figures were measured when the
+lessons were written, on two CPU cores, in each lesson's full mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+WORDS_PER_MINUTE = 150
+BEGIN, END = "<!-- course map: scripts/course_map.py --write -->", "<!-- end of the course map -->"
+PRACTICE = "## Practice: graded exercises"
+OPTIONAL = {"05_ppo_vs_grpo.ipynb"}  # a detour the course reads correctly without
+TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+) minutes to read(.*?)(?:\n\n|$)", re.S)
+
+
+@dataclass(frozen=True)
+class Lesson:
+    name: str  # the notebook's file name
+    words: int
+    stated_minutes: int  # what its **Time:** line says
+    runs: str  # what its **Time:** line says of its code
+    exercises: tuple[str, ...]  # exercise file names, as its Practice section links them
+
+    @property
+    def reading_minutes(self) -> int:
+        """Words at WORDS_PER_MINUTE, rounded to the nearest 5 minutes (at least 5)."""
+        return max(5, 5 * round(self.words / WORDS_PER_MINUTE / 5))
+
+
+def read_lesson(path: Path) -> Lesson:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    text = ["".join(cell["source"]) for cell in cells]
+    words = sum(len(source.split()) for source in text)
+    time_line = next((m for source in text[:3] if (m := TIME_LINE.search(source))), None)
+    if time_line is None:
+        raise ValueError(f"{path.name}: no '**Time:** about N minutes to read; ...' line in its first cells")
+    runs = re.sub(r"\s+", " ", time_line.group(2)).partition("; ")[2]  # what follows the reading time
+    practice = text[-1].split(PRACTICE, 1)[1] if PRACTICE in text[-1] else ""
+    exercises = tuple(re.findall(r"\]\(\.\./exercises/([^)]+\.ipynb)\)", practice))
+    return Lesson(path.name, words, int(time_line.group(1)), runs.split(". ")[0].rstrip("."), exercises)
+
+
+def lessons(root: Path = ROOT) -> list[Lesson]:
+    return [read_lesson(path) for path in sorted((root / "notebooks").glob("*.ipynb"))]
+
+
+def exercise_link(name: str) -> str:
+    return f"[{name.split('_')[0]}](exercises/{name})"
+
+
+def readme_questions(readme: str) -> dict[str, str]:
+    """{lesson file name: its question}, from the map in README.md (empty where there is none)."""
+    rows = readme.split(BEGIN, 1)[1].split(END, 1)[0] if BEGIN in readme else ""
+    found = re.findall(r"^\| \[`[^`]+`\]\(notebooks/([^)]+)\)[^|]* \| (.*?) \| ", rows, re.M)
+    return dict(found)
+
+
+def render(course: list[Lesson], questions: dict[str, str]) -> str:
+    """The map as Markdown: one row a lesson, then the totals (the sums of the rows)."""
+    rows = [
+        "| lesson | question | graded exercises | reading | its code |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for lesson in course:
+        title = f"[`{lesson.name.removesuffix('.ipynb')}`](notebooks/{lesson.name})"
+        if lesson.name in OPTIONAL:
+            title += " (optional)"
+        exercises = ", ".join(map(exercise_link, lesson.exercises)) or "none"
+        question = questions.get(lesson.name, "")
+        rows.append(f"| {title} | {question} | {exercises} | {lesson.reading_minutes} min | {lesson.runs} |")
+    total = sum(lesson.reading_minutes for lesson in course)
+    optional = sum(lesson.reading_minutes for lesson in course if lesson.name in OPTIONAL)
+    hours = lambda minutes: f"{minutes // 60} h {minutes % 60:02d} min"  # noqa: E731
+    linked = sorted({name for lesson in course for name in lesson.exercises})
+    rows.append("")
+    rows.append(
+        f"Reading, every lesson: {hours(total)} ({hours(total - optional)} without the optional lesson 05), at "
+        f"{WORDS_PER_MINUTE} words a minute, code included; {len(linked)} graded exercises, each linked from the "
+        "lesson it practises."
+    )
+    return "\n".join(rows)
+
+
+def problems(root: Path = ROOT) -> list[str]:
+    """What disagrees: a lesson whose Time line states another reading time, a README whose map is not render()'s."""
+    course = lessons(root)
+    found = [
+        f"notebooks/{lesson.name}: its Time line says {lesson.stated_minutes} minutes to read; its "
+        f"{lesson.words} words make {lesson.reading_minutes}"
+        for lesson in course
+        if lesson.stated_minutes != lesson.reading_minutes
+    ]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    if BEGIN not in readme or END not in readme:
+        found.append(f"README.md has no course map between {BEGIN!r} and {END!r}")
+    elif readme.split(BEGIN, 1)[1].split(END, 1)[0].strip() != render(course, readme_questions(readme)):
+        found.append("README.md's course map is out of date: run python scripts/course_map.py --write")
+    return found
+
+
+def write_readme(root: Path = ROOT) -> None:
+    path = root / "README.md"
+    readme = path.read_text(encoding="utf-8")
+    before, rest = readme.split(BEGIN, 1)
+    after = rest.split(END, 1)[1]
+    table = render(lessons(root), readme_questions(readme))
+    path.write_text(f"{before}{BEGIN}\n{table}\n{END}{after}", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help="put the map into README.md")
+    action.add_argument("--check", action="store_true", help="exit 1 when README.md or a lesson disagrees")
+    args = parser.parse_args(argv)
+    if args.write:
+        write_readme()
+    elif args.check:
+        found = problems()
+        print("\n".join(found) or "the course map and every lesson's reading time agree", file=sys.stderr)
+        return 1 if found else 0
+    else:
+        print(render(lessons(), readme_questions(README.read_text(encoding="utf-8"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The README's course map (scripts/course_map.py): made from the lessons, its totals the sums of its rows, and every
+lesson's first line stating the reading time its words make."""
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("course_map", ROOT / "scripts" / "course_map.py")
+course_map = importlib.util.module_from_spec(spec)
+sys.modules["course_map"] = course_map  # its dataclass looks itself up there
+spec.loader.exec_module(course_map)
+
+
+def test_the_readme_map_and_every_lessons_reading_time_agree_with_the_lessons():
+    assert course_map.problems() == [], "run python scripts/course_map.py --write, or fix the lesson's Time line"
+
+
+def test_reading_time_is_words_at_150_a_minute_to_the_nearest_5_minutes():
+    minutes = {words: course_map.Lesson("x.ipynb", words, 0, "", ()).reading_minutes for words in (0, 749, 1125, 3208)}
+    assert minutes == {0: 5, 749: 5, 1125: 10, 3208: 20}  # 1125 words: 7.5 minutes, rounded to 10 (half to even: 1.5)
+
+
+def test_the_totals_are_the_sums_of_the_rows():
+    course = [
+        course_map.Lesson("00_a.ipynb", 1500, 10, "runs in seconds", ()),
+        course_map.Lesson("05_ppo_vs_grpo.ipynb", 3000, 20, "runs for 30 minutes", ("07_gae_for_ppo.ipynb",)),
+        course_map.Lesson("06_b.ipynb", 9000, 60, "runs for minutes", ("07_gae_for_ppo.ipynb", "15_x.ipynb")),
+    ]
+    table = course_map.render(course, {"00_a.ipynb": "why?"})
+    rows = table.splitlines()
+    assert rows[2] == "| [`00_a`](notebooks/00_a.ipynb) | why? | none | 10 min | runs in seconds |"
+    assert rows[3].startswith("| [`05_ppo_vs_grpo`](notebooks/05_ppo_vs_grpo.ipynb) (optional) |  | [07](exercises/")
+    assert rows[-1].startswith("Reading, every lesson: 1 h 30 min (1 h 10 min without the optional lesson 05)")
+    assert "2 graded exercises" in rows[-1]
+
+
+def test_a_lesson_whose_time_line_disagrees_is_named(tmp_path):
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks", ignore=shutil.ignore_patterns("runs", ".*"))
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    path = tmp_path / "notebooks" / "03_group_relative_advantages.ipynb"
+    notebook = json.loads(path.read_text())
+    for cell in notebook["cells"][:3]:
+        cell["source"] = "".join(cell["source"]).replace("about 10 minutes to read", "about 25 minutes to read")
+    path.write_text(json.dumps(notebook))
+    (found,) = course_map.problems(tmp_path)
+    assert found.startswith("notebooks/03_group_relative_advantages.ipynb: its Time line says 25 minutes to read")
+    readme = tmp_path / "README.md"
+    readme.write_text(readme.read_text().replace("| 10 min | the code runs in seconds", "| 5 min | the code runs"))
+    assert course_map.problems(tmp_path)[-1].startswith("README.md's course map is out of date")
