@@ -26,6 +26,8 @@ What the command writes
 - --csv FILE: the gradebook: one row per student (student, one column per exercise, total, max_points); an
   exercise the student did not hand in is an empty cell, counted as 0 in the total.
 - --checks-csv FILE: one row per notebook and check (CHECK_COLUMNS), for the detail.
+- --feedback DIR, --gradescope FILE: a Markdown file per student (`feedback`), Gradescope's results.json for one
+  submission (`gradescope`); the CLI hands them to `grade_command` as `writers`.
 """
 
 from __future__ import annotations
