@@ -205,15 +205,24 @@ def test_a_wheel_of_another_version_or_none_is_refused(tmp_path):
 
 
 def test_run_autograder_gives_gradescope_a_score_and_a_reason_when_grading_cannot_run(wheel, tmp_path):
+    root = tmp_path / "autograder"
     with zipfile.ZipFile(write_autograder("02", wheel, tmp_path / "ag.zip")) as archive:
-        archive.extractall(tmp_path / "autograder" / "source")
-    (tmp_path / "autograder" / "submission").mkdir()
-    env = {**os.environ, "MINIGRPO_AUTOGRADER_DIR": str(tmp_path / "autograder"), "MINIGRPO_PYTHON": "false"}
-    script = tmp_path / "autograder" / "source" / "run_autograder"
-    subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
-    written = json.loads((tmp_path / "autograder" / "results" / "results.json").read_text())
-    jsonschema.validate(written, SCHEMA)
-    assert written == {
+        archive.extractall(root / "source")
+    (root / "submission").mkdir()
+    env = {**os.environ, "MINIGRPO_AUTOGRADER_DIR": str(root), "MINIGRPO_PYTHON": "false"}  # `false`: exits 1
+
+    def run_autograder() -> dict:
+        subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, check=True, timeout=30)
+        written = json.loads((root / "results" / "results.json").read_text())
+        jsonschema.validate(written, SCHEMA)
+        return written
+
+    assert run_autograder() == {
+        "score": 0.0,
+        "output": "no .ipynb notebook was found in your submission: submit 02_group_relative_advantages.ipynb",
+    }
+    (root / "submission" / "mine.ipynb").write_text("{}")
+    assert run_autograder() == {
         "score": 0.0,
         "output": "minigrpo could not grade this submission (exit code 1): tell your instructor.",
     }

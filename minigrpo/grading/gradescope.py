@@ -156,8 +156,12 @@ rm -f "$RESULTS"
 "$PYTHON" -m minigrpo grade "$AUTOGRADER/submission" --exercise {exercise} --gradescope "$RESULTS"
 status=$?
 if [ ! -s "$RESULTS" ]; then  # grading could not run: Gradescope still gets a score, and the student a reason
-  printf '{{"score": 0.0, "output": "minigrpo could not grade this submission (exit code %s): %s"}}\\n' \\
-    "$status" "tell your instructor." > "$RESULTS"
+  if [ -z "$(find "$AUTOGRADER/submission" -name '*.ipynb' -print -quit)" ]; then
+    reason="no .ipynb notebook was found in your submission: submit {exercise}.ipynb"
+  else
+    reason="minigrpo could not grade this submission (exit code $status): tell your instructor."
+  fi
+  printf '{{"score": 0.0, "output": "%s"}}\\n' "$reason" > "$RESULTS"
 fi
 """
 
