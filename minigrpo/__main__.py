@@ -1,4 +1,4 @@
-"""Command line: python -m minigrpo train | eval | pretrain-tiny | grade
+"""Command line: python -m minigrpo train | eval | pretrain-tiny | grade | autograder
 
 python -m minigrpo train                      # tiny Qwen on the CPU, ~5 minutes
 python -m minigrpo train --max-steps 20 --beta 0 --loss-type dapo
@@ -286,7 +286,33 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument(
         "--checks-csv", default=None, metavar="PATH", help="also write one row per notebook and check to PATH"
     )
-    for command in (train, evaluate, pretrain, grade):
+    grade.add_argument("--feedback", default=None, metavar="DIR", help="also write a feedback file per student to DIR")
+    grade.add_argument(
+        "--gradescope",
+        default=None,
+        metavar="FILE",
+        help="also write Gradescope's results.json for PATH, one student's submission, to FILE",
+    )
+    grade.add_argument(
+        "--exercise",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="with --gradescope: an exercise the assignment asks for (id or number; repeat for more); one not handed "
+        "in scores 0 of its maximum (default: the exercises handed in)",
+    )
+    autograder = commands.add_parser(
+        "autograder",
+        help="write Gradescope's autograder zip for an exercise",
+        description="Write a zip for Gradescope: setup.sh (CPU torch and minigrpo from WHEEL, this very version) and "
+        "run_autograder (grade the submission, write results.json).",
+    )
+    autograder.add_argument("exercise", help="the exercise's id or number (02 or 02_group_relative_advantages)")
+    autograder.add_argument(
+        "--wheel", required=True, help="minigrpo's wheel, this version (pip wheel --no-deps -w dist . in the checkout)"
+    )
+    autograder.add_argument("--out", default="autograder.zip", help="the zip to write (default: autograder.zip)")
+    for command in (train, evaluate, pretrain, grade, autograder):
         command.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     return parser
 
@@ -442,6 +468,12 @@ def run_pretrain(args: argparse.Namespace) -> None:
 
 
 def run_grade(args: argparse.Namespace) -> int:
+    if args.exercise and args.gradescope is None:
+        print(
+            "error: --exercise names the assignment's exercises for --gradescope: give --gradescope FILE too.",
+            file=sys.stderr,
+        )
+        return 2
     if args.jobs is not None and args.jobs < 1:
         print(f"error: --jobs {args.jobs}: give 1 or more notebooks at once.", file=sys.stderr)
         return 2
@@ -464,7 +496,24 @@ def run_grade(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         csv_path=args.csv,
         checks_csv_path=args.checks_csv,
+        writers=grade_writers(args),
     )
+
+
+def grade_writers(args: argparse.Namespace) -> list:
+    """What --feedback and --gradescope write once grading ends: functions of (reports, seconds), paths made absolute
+    (grading leaves the working folder)."""
+    from minigrpo.grading.feedback import write_feedback
+    from minigrpo.grading.gradescope import exercise_ids, write_results
+
+    writers = []
+    if args.feedback is not None:
+        folder = os.path.abspath(args.feedback)
+        writers.append(lambda reports, seconds: write_feedback(reports, folder))
+    if args.gradescope is not None:
+        path, exercises = os.path.abspath(args.gradescope), exercise_ids(args.exercise)
+        writers.append(lambda reports, seconds: write_results(reports, path, exercises, seconds))
+    return writers
 
 
 # Modules of an optional extra (pyproject.toml), which a command imports only when it needs them: a missing one is a
@@ -498,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
             run_pretrain(args)
         elif args.command == "grade":
             return run_grade(args)
+        elif args.command == "autograder":
+            from minigrpo.grading.gradescope import autograder_command
+
+            return autograder_command(args.exercise, args.wheel, args.out)
     except FloatingPointError as error:  # trainer.NonFiniteError: the run diverged, which is not a usage mistake
         if args.debug:
             raise

@@ -15,7 +15,7 @@ from minigrpo.config import GRPOConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "datasets")
-COMMANDS = ("train", "eval", "pretrain-tiny", "grade")
+COMMANDS = ("train", "eval", "pretrain-tiny", "grade", "autograder")
 
 
 def test_import_and_help_load_no_torch():

@@ -31,6 +31,8 @@ in `minigrpo.grading.runner`).
 | processes | the grader's process hygiene: kill all a kernel started, the judge isolated, stop on a signal |
 | runner | execute notebooks, judge their exercise's checks within its time limit, one report per notebook |
 | gradebook | `python -m minigrpo grade PATH`: students, one score per student and exercise, the table, the CSVs |
+| feedback | `grade --feedback DIR`: a Markdown file per student, each check as its cell prints it |
+| gradescope | `grade --gradescope FILE`: Gradescope's results.json; `python -m minigrpo autograder`: its zip |
 """
 
 from minigrpo.grading import cases as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)

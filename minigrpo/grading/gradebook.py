@@ -26,6 +26,8 @@ What the command writes
 - --csv FILE: the gradebook: one row per student (student, one column per exercise, total, max_points); an
   exercise the student did not hand in is an empty cell, counted as 0 in the total.
 - --checks-csv FILE: one row per notebook and check (CHECK_COLUMNS), for the detail.
+- --feedback DIR, --gradescope FILE: a Markdown file per student (`feedback`), Gradescope's results.json for one
+  submission (`gradescope`); the CLI hands them to `grade_command` as `writers`.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -293,11 +295,14 @@ def grade_command(
     jobs: int | None = None,
     csv_path: str | None = None,
     checks_csv_path: str | None = None,
+    writers: Sequence[Callable[[list[NotebookReport], float], None]] = (),
 ) -> int:
     """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
     128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). timeout: seconds per notebook (None:
     its exercise's limit); jobs: notebooks graded at once (None: $MINIGRPO_GRADE_JOBS, else up to 4); csv_path:
-    the gradebook; checks_csv_path: the per-check rows."""
+    the gradebook; checks_csv_path: the per-check rows; writers: what else to write from the reports and the seconds
+    grading took (the CLI's --feedback and --gradescope: `feedback.write_feedback`, `gradescope.write_results`), each
+    given absolute paths, since grading leaves the working folder."""
     try:
         submissions = find_submissions(path)
     except FileNotFoundError as error:
@@ -322,6 +327,8 @@ def grade_command(
         write_gradebook(reports, csv_path)
     if checks_csv_path is not None:
         write_check_rows(reports, checks_csv_path)
+    for write in writers:
+        write(reports, time.monotonic() - started)
     if stopped:
         names = ", ".join(printable(str(p)) for p in not_graded) or "none"
         say(
