@@ -22,7 +22,9 @@ checkout: the wheel is tested, as a learner installs it), in quick mode (the roo
   Colab runs it: from a scratch folder with nothing of the repository beside it (Colab's /content), in kernels that
   start with a stand-in google.colab imported, so that each lesson's own setup cell pip-installs
   `minigrpo[colab]==<version>`. pip finds the package in the wheel's folder (PIP_FIND_LINKS) and nothing on the network
-  (PIP_NO_INDEX); minigrpo is uninstalled before each lesson, so that every setup cell installs it itself;
+  (PIP_NO_INDEX). minigrpo is uninstalled before the part: the first lesson's setup cell installs it, and each later
+  one's pip resolves the same requirement there ("already satisfied", as in a Colab runtime that ran a lesson before);
+  the lessons share the environment on pytest-xdist's workers, so none is uninstalled under another that runs;
 - lesson08: lesson 08 without TRL (every cell runs; the cells that need TRL print course.TRL_MISSING and nothing else;
   the other checked cells print what the notebook holds), then through nbval in the environment with TRL;
 - capstone: `python -m minigrpo grade` on solutions/15_grpo_from_scratch.ipynb earns full marks.
@@ -209,33 +211,35 @@ import types
 output = types.SimpleNamespace(enable_custom_widget_manager=lambda: None)
 '''
 COLAB_KERNEL_STARTUP = "import google.colab  # Colab's kernels start with it imported: the setup cell's test\n"
-# A pytest plugin (-p fresh_runtime): before each lesson's first cell, minigrpo is uninstalled, as in a new runtime.
-FRESH_RUNTIME = '''"""Before a notebook's first cell, uninstall minigrpo: the notebook's setup cell must install it."""
+# A pytest plugin (-p one_pip_at_a_time): the lessons run on pytest-xdist's workers, in one environment, and each
+# lesson's setup cell runs pip there; two pip runs into one environment at once could collide.
+ONE_PIP_AT_A_TIME = '''"""A notebook's first cell (its setup cell: pip) runs while no other notebook's does."""
 
-import subprocess
-import sys
+import fcntl
+import os
 
 import pytest
 
-started = set()
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-    if item.fspath not in started:
-        started.add(item.fspath)
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "minigrpo"], check=True)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if item.name != "Cell 0":  # nbval's name for a notebook's first code cell
+        yield
+        return
+    with open(os.environ["MINIGRPO_SETUP_LOCK"], "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 '''
 
 
 def colab_content(folder: Path, lessons: list[str], wheel: Path) -> tuple[list[str], dict]:
     """Colab in `folder`: the lessons copied into folder/content (Colab's /content: nothing of the repository beside
-    them), the stand-in google.colab and FRESH_RUNTIME on the path, a kernel profile that imports google.colab.
+    them), the stand-in google.colab and ONE_PIP_AT_A_TIME on the path, a kernel profile that imports google.colab.
     Returns (the copied lessons, relative to `folder`; the environment variables they run with)."""
     standin = folder / "colab-standin"
     (standin / "google" / "colab").mkdir(parents=True)  # google/ stays a namespace package (protobuf's google.*)
     (standin / "google" / "colab" / "__init__.py").write_text(COLAB_STANDIN)
-    (standin / "fresh_runtime.py").write_text(FRESH_RUNTIME)
+    (standin / "one_pip_at_a_time.py").write_text(ONE_PIP_AT_A_TIME)
     startup = folder / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-google-colab.py").write_text(COLAB_KERNEL_STARTUP)
@@ -245,7 +249,8 @@ def colab_content(folder: Path, lessons: list[str], wheel: Path) -> tuple[list[s
         shutil.copy(folder / lesson, folder / "content")
         copied.append(f"content/{Path(lesson).name}")
     offline_pip = {"PIP_FIND_LINKS": str(wheel.parent), "PIP_NO_INDEX": "1"}  # the wheel, and nothing downloaded
-    return copied, {"PYTHONPATH": str(standin), "IPYTHONDIR": str(folder / "ipython"), **offline_pip}
+    lock = {"MINIGRPO_SETUP_LOCK": str(folder / "setup-cell.lock")}
+    return copied, {"PYTHONPATH": str(standin), "IPYTHONDIR": str(folder / "ipython"), **offline_pip, **lock}
 
 
 def lesson_without_trl(notebook: Path) -> list[str]:
@@ -297,7 +302,10 @@ def parts(plain: Path, trl_python: Path, folder: Path, wheel: Path) -> dict[str,
     grade = [CAPSTONE, "--json", "--timeout", "600"]
     return {
         "distributed": [(plain, ["-m", "pytest", "-p", "no:cacheprovider", "tests/test_distributed.py"])],
-        "lessons": [(plain, ["-m", "pytest", "-p", "no:cacheprovider", "-p", "fresh_runtime", *in_colab], colab_env)],
+        "lessons": [  # a runtime without minigrpo: the first lesson's setup cell installs it
+            (plain, ["-m", "pip", "uninstall", "-q", "-y", "minigrpo"]),
+            (plain, ["-m", "pytest", "-p", "no:cacheprovider", "-p", "one_pip_at_a_time", *in_colab], colab_env),
+        ],
         "lesson08": [
             (plain, [str(Path(__file__).resolve()), "--lesson-without-trl", LESSON_08]),
             (trl_python, ["-m", "pytest", "-p", "no:cacheprovider", LESSON_08]),

@@ -100,12 +100,14 @@ def test_the_lessons_run_from_a_bare_content_folder_installing_the_wheel_without
     for name in ("00_tour.ipynb", "08_from_minigrpo_to_trl.ipynb"):
         nbformat.write(nbformat.v4.new_notebook(), tmp_path / "notebooks" / name)
     wheel = tmp_path / "wheels" / "minigrpo-9.9.9-py3-none-any.whl"
-    ((python, arguments, env),) = colab_env.parts(Path("py"), Path("trl"), tmp_path, wheel)["lessons"]
-    assert arguments == ["-m", "pytest", "-p", "no:cacheprovider", "-p", "fresh_runtime", "content/00_tour.ipynb"]
+    uninstall, (python, arguments, env) = colab_env.parts(Path("py"), Path("trl"), tmp_path, wheel)["lessons"]
+    assert uninstall == (Path("py"), ["-m", "pip", "uninstall", "-q", "-y", "minigrpo"])  # not installed beforehand
+    assert arguments == ["-m", "pytest", "-p", "no:cacheprovider", "-p", "one_pip_at_a_time", "content/00_tour.ipynb"]
     assert [path.name for path in (tmp_path / "content").iterdir()] == ["00_tour.ipynb"]  # lesson 08: its own part
     assert env["PIP_FIND_LINKS"] == str(tmp_path / "wheels") and env["PIP_NO_INDEX"] == "1"
     assert env["PYTHONPATH"] == str(tmp_path / "colab-standin") and env["IPYTHONDIR"] == str(tmp_path / "ipython")
-    compile(colab_env.FRESH_RUNTIME, "fresh_runtime.py", "exec")
+    assert env["MINIGRPO_SETUP_LOCK"] == str(tmp_path / "setup-cell.lock")
+    compile(colab_env.ONE_PIP_AT_A_TIME, "one_pip_at_a_time.py", "exec")
 
 
 def test_the_kernels_start_in_colab_with_a_stand_in_the_course_can_use(tmp_path):
