@@ -55,7 +55,8 @@ def colab_url(repository_url: str, relative_path: str, branch: str = "main") -> 
     prefix = "https://github.com/"
     if not repository_url.startswith(prefix):
         raise ValueError(
-            f"REPOSITORY_URL={repository_url!r} must start with {prefix}: Colab opens notebooks from GitHub."
+            f"pyproject.toml's [project.urls] Repository = {repository_url!r} must start with {prefix}: Colab opens "
+            "notebooks from GitHub."
         )
     repository = repository_url.removeprefix(prefix).removesuffix(".git").strip("/")
     return f"https://colab.research.google.com/github/{repository}/blob/{branch}/{relative_path}"
