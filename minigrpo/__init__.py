@@ -12,9 +12,24 @@ neither.
 """
 
 import importlib
+import importlib.metadata
 import importlib.util
+import re
+from pathlib import Path
 
-__version__ = "0.3.0"
+
+def _version() -> str:
+    """The version pyproject.toml declares (its one source): the installed metadata's, or, in a checkout imported
+    through PYTHONPATH without an install, the checkout's pyproject.toml's; "0+unknown" when neither is there."""
+    try:
+        return importlib.metadata.version("minigrpo")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+        return found.group(1) if found else "0+unknown"
+
+
+__version__ = _version()
 
 # Each public name and the module that defines it.
 _PUBLIC_NAMES = {

@@ -18,7 +18,13 @@ What runs there, from a copy of tests/, notebooks/ and solutions/ outside the ch
 checkout: the wheel is tested, as a learner installs it), in quick mode (the root conftest.py), each part timed:
 
 - distributed: tests/test_distributed.py (torchrun and DDP on Colab's torch);
-- lessons: every lesson but 08 through nbval (--nbval-lax, as pyproject.toml's addopts: checked outputs compared);
+- lessons: every lesson but 08 through nbval (--nbval-lax, as pyproject.toml's addopts: checked outputs compared), as
+  Colab runs it: from a scratch folder with nothing of the repository beside it (Colab's /content), in kernels that
+  start with a stand-in google.colab imported, so that each lesson's own setup cell pip-installs
+  `minigrpo[colab]==<version>`. pip finds the package in the wheel's folder (PIP_FIND_LINKS) and nothing on the network
+  (PIP_NO_INDEX). minigrpo is uninstalled before the part: the first lesson's setup cell installs it, and each later
+  one's pip resolves the same requirement there ("already satisfied", as in a Colab runtime that ran a lesson before);
+  the lessons share the environment on pytest-xdist's workers, so none is uninstalled under another that runs;
 - lesson08: lesson 08 without TRL (every cell runs; the cells that need TRL print course.TRL_MISSING and nothing else;
   the other checked cells print what the notebook holds), then through nbval in the environment with TRL;
 - capstone: `python -m minigrpo grade` on solutions/15_grpo_from_scratch.ipynb earns full marks.
@@ -157,8 +163,9 @@ def install_wheel(python: Path, wheel: Path) -> None:
     run(python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel)
 
 
-def environments(rebuild: bool) -> tuple[Path, Path]:
-    """(python without TRL, python with TRL), made or reused under CACHE, with this checkout's wheel installed."""
+def environments(rebuild: bool) -> tuple[Path, Path, Path]:
+    """(python without TRL, python with TRL, this checkout's wheel), the environments made or reused under CACHE,
+    with the wheel installed."""
     pins_text = PINS.read_text()
     version, pins = read_pins(pins_text)
     home = CACHE / f"colab-{pins_key(pins_text)}"
@@ -174,7 +181,7 @@ def environments(rebuild: bool) -> tuple[Path, Path]:
     install_wheel(plain, wheel)
     with_trl_python = cached(home / trl_name, lambda: with_trl(base, home / trl_name, wheel), rebuild)
     install_wheel(with_trl_python, wheel)
-    return plain, with_trl_python
+    return plain, with_trl_python, wheel
 
 
 # --- the parts -----------------------------------------------------------------------------------------
@@ -194,6 +201,56 @@ def workspace() -> Path:
         else:
             shutil.copy(source, folder / name)
     return folder
+
+
+# The rehearsal's Colab: what a lesson's kernel finds there (the course calls only output.enable_custom_widget_manager).
+COLAB_STANDIN = '''"""A stand-in for Colab's google.colab (scripts/colab_env.py): what minigrpo.course calls."""
+
+import types
+
+output = types.SimpleNamespace(enable_custom_widget_manager=lambda: None)
+'''
+COLAB_KERNEL_STARTUP = "import google.colab  # Colab's kernels start with it imported: the setup cell's test\n"
+# A pytest plugin (-p one_pip_at_a_time): the lessons run on pytest-xdist's workers, in one environment, and each
+# lesson's setup cell runs pip there; two pip runs into one environment at once could collide.
+ONE_PIP_AT_A_TIME = '''"""A notebook's first cell (its setup cell: pip) runs while no other notebook's does."""
+
+import fcntl
+import os
+
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if item.name != "Cell 0":  # nbval's name for a notebook's first code cell
+        yield
+        return
+    with open(os.environ["MINIGRPO_SETUP_LOCK"], "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+'''
+
+
+def colab_content(folder: Path, lessons: list[str], wheel: Path) -> tuple[list[str], dict]:
+    """Colab in `folder`: the lessons copied into folder/content (Colab's /content: nothing of the repository beside
+    them), the stand-in google.colab and ONE_PIP_AT_A_TIME on the path, a kernel profile that imports google.colab.
+    Returns (the copied lessons, relative to `folder`; the environment variables they run with)."""
+    standin = folder / "colab-standin"
+    (standin / "google" / "colab").mkdir(parents=True)  # google/ stays a namespace package (protobuf's google.*)
+    (standin / "google" / "colab" / "__init__.py").write_text(COLAB_STANDIN)
+    (standin / "one_pip_at_a_time.py").write_text(ONE_PIP_AT_A_TIME)
+    startup = folder / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-google-colab.py").write_text(COLAB_KERNEL_STARTUP)
+    (folder / "content").mkdir()
+    copied = []
+    for lesson in lessons:
+        shutil.copy(folder / lesson, folder / "content")
+        copied.append(f"content/{Path(lesson).name}")
+    offline_pip = {"PIP_FIND_LINKS": str(wheel.parent), "PIP_NO_INDEX": "1"}  # the wheel, and nothing downloaded
+    lock = {"MINIGRPO_SETUP_LOCK": str(folder / "setup-cell.lock")}
+    return copied, {"PYTHONPATH": str(standin), "IPYTHONDIR": str(folder / "ipython"), **offline_pip, **lock}
 
 
 def lesson_without_trl(notebook: Path) -> list[str]:
@@ -237,13 +294,18 @@ def printed(outputs) -> str:
     return "".join(parts)
 
 
-def parts(plain: Path, trl_python: Path, folder: Path) -> dict[str, list]:
-    """Each part's commands: (python, arguments), run in `folder` (the workspace)."""
+def parts(plain: Path, trl_python: Path, folder: Path, wheel: Path) -> dict[str, list]:
+    """Each part's commands: (python, arguments, environment variables beyond the leg's), run in `folder` (the
+    workspace)."""
     lessons = sorted(str(path.relative_to(folder)) for path in (folder / "notebooks").glob("*.ipynb"))
+    in_colab, colab_env = colab_content(folder, [lesson for lesson in lessons if lesson != LESSON_08], wheel)
     grade = [CAPSTONE, "--json", "--timeout", "600"]
     return {
         "distributed": [(plain, ["-m", "pytest", "-p", "no:cacheprovider", "tests/test_distributed.py"])],
-        "lessons": [(plain, ["-m", "pytest", "-p", "no:cacheprovider", *(x for x in lessons if x != LESSON_08)])],
+        "lessons": [  # a runtime without minigrpo: the first lesson's setup cell installs it
+            (plain, ["-m", "pip", "uninstall", "-q", "-y", "minigrpo"]),
+            (plain, ["-m", "pytest", "-p", "no:cacheprovider", "-p", "one_pip_at_a_time", *in_colab], colab_env),
+        ],
         "lesson08": [
             (plain, [str(Path(__file__).resolve()), "--lesson-without-trl", LESSON_08]),
             (trl_python, ["-m", "pytest", "-p", "no:cacheprovider", LESSON_08]),
@@ -264,9 +326,10 @@ def capstone_problems(stdout: str) -> list[str]:
 def run_part(name: str, commands: list, folder: Path) -> bool:
     env = {**leg_environment(), "MINIGRPO_QUICK": "1", "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     ok = True
-    for python, arguments in commands:
+    for python, arguments, *extra in commands:
         capture = name == "capstone"
-        done = run(python, *arguments, cwd=folder, env=env, check=False, capture_output=capture, text=True)
+        command_env = {**env, **(extra[0] if extra else {})}
+        done = run(python, *arguments, cwd=folder, env=command_env, check=False, capture_output=capture, text=True)
         if capture:
             print(done.stderr[-3000:], end="")
             problems = capstone_problems(done.stdout) if done.returncode == 0 else [f"exit {done.returncode}"]
@@ -289,13 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         print("lesson 08 without TRL:", "; ".join(problems) or "every cell ran as it should", flush=True)
         return 1 if problems else 0
     started = time.monotonic()
-    plain, trl_python = environments(args.rebuild)
+    plain, trl_python, wheel = environments(args.rebuild)
     times = {"environments": time.monotonic() - started}
     if args.build_only:
         print(f"environments ready in {times['environments']:.0f} s: {plain}, {trl_python}")
         return 0
     folder, failed = workspace(), []
-    for name, commands in parts(plain, trl_python, folder).items():
+    for name, commands in parts(plain, trl_python, folder, wheel).items():
         if args.part and name not in args.part:
             continue
         started = time.monotonic()

@@ -5,18 +5,22 @@
     python scripts/stamp_colab.py notebooks/00_tour_and_setup.ipynb
     python scripts/stamp_colab.py --clean    # also: clear outputs except in NBVAL_CHECK_OUTPUT cells, and widget state
 
-The repository URL lives in one place, minigrpo.course.REPOSITORY_URL (with the
-pip requirement minigrpo.course.COLAB_INSTALL and the fallback message
-minigrpo.course.INSTALL_HELP); this script writes them into the notebooks, so
-changing the URL is: edit course.py, run this script. REPOSITORY_URL = None
-means "not published": the badge then says how to open a notebook by upload,
-and the setup cell prints INSTALL_HELP instead of installing.
+What it writes comes from pyproject.toml: the badge links to [project.urls]'s
+Repository (the one place a fork sets its URL; none set means "not published":
+the badge cell then says in one line how to open a notebook in Colab), and the
+setup cell installs `minigrpo[colab]==<[project] version>`
+(minigrpo.course.colab_install), printing minigrpo.course.INSTALL_HELP after
+pip's last line if pip fails. tests/test_notebooks.py fails when a notebook's
+stamp drifts from pyproject.toml: after changing the version or the URL, run
+this script.
 
 The badge is the first cell (a markdown cell with id "colab-badge"); the setup
 cell (id "colab-install") goes just before the notebook's first code cell. A
 stamped cell is found again by its id, and rewritten only when its text differs.
 The setup cell runs before minigrpo is installed, so it is plain Python (no
 magics): it is a no-op outside Colab, and in Colab never ends in a traceback.
+It runs pip every time (a second run is pip's "already satisfied"), so that a
+runtime with another version installed gets this notebook's.
 """
 
 from __future__ import annotations
@@ -34,12 +38,16 @@ BADGE_ID, INSTALL_ID = "colab-badge", "colab-install"
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
 
 
-def course_constants() -> tuple[str | None, str | None, str]:
-    """(REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP) from minigrpo.course, the one place they are written."""
-    sys.path.insert(0, str(ROOT))
-    from minigrpo.course import COLAB_INSTALL, INSTALL_HELP, REPOSITORY_URL
+def course_constants(pyproject_text: str | None = None) -> tuple[str | None, str, str]:
+    """(repository URL or None, the setup cell's pip requirement, INSTALL_HELP): the URL and the version from
+    pyproject.toml ([project.urls] Repository, [project] version), the rest from minigrpo.course."""
+    import tomllib
 
-    return REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP
+    sys.path.insert(0, str(ROOT))
+    from minigrpo.course import INSTALL_HELP, colab_install
+
+    project = tomllib.loads(pyproject_text or (ROOT / "pyproject.toml").read_text())["project"]
+    return project.get("urls", {}).get("Repository") or None, colab_install(project["version"]), INSTALL_HELP
 
 
 def colab_url(repository_url: str, relative_path: str, branch: str = "main") -> str:
@@ -47,16 +55,14 @@ def colab_url(repository_url: str, relative_path: str, branch: str = "main") -> 
     prefix = "https://github.com/"
     if not repository_url.startswith(prefix):
         raise ValueError(
-            f"REPOSITORY_URL={repository_url!r} must start with {prefix}: Colab opens notebooks from GitHub."
+            f"pyproject.toml's [project.urls] Repository = {repository_url!r} must start with {prefix}: Colab opens "
+            "notebooks from GitHub."
         )
     repository = repository_url.removeprefix(prefix).removesuffix(".git").strip("/")
     return f"https://colab.research.google.com/github/{repository}/blob/{branch}/{relative_path}"
 
 
-UNPUBLISHED_BADGE = (
-    "**Open in Colab:** this course is not published on GitHub yet, so there is no badge to click. In Colab use "
-    "File > Upload notebook, then run the setup cell below: it says how to install minigrpo there."
-)
+UNPUBLISHED_BADGE = "**Open in Colab:** in Colab, File > Upload notebook, then run the cells from the top."
 
 
 def badge_source(repository_url: str | None, relative_path: str) -> str:
@@ -65,34 +71,23 @@ def badge_source(repository_url: str | None, relative_path: str) -> str:
     return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repository_url, relative_path)})"
 
 
-def _literal(text: str | None) -> str:
-    """A Python literal with double quotes, as ruff would format it: "text" or None."""
-    return "None" if text is None else json.dumps(text)
-
-
-def install_source(colab_install: str | None, install_help: str) -> str:
-    """The setup cell: in Colab, pip-install `colab_install` (None: not published) unless minigrpo is already
-    there, print `install_help` if it still is not, else turn on the widget manager. Elsewhere: nothing."""
-    if '"""' in install_help or install_help.endswith('"') or "\\" in install_help:
-        raise ValueError('INSTALL_HELP must fit in a triple-quoted string: no """, no trailing quote, no backslash')
+def install_source(colab_install: str, install_help: str) -> str:
+    """The setup cell: in Colab, pip-install `colab_install`, then turn on the widget manager; if pip fails, print
+    its last line and `install_help` in one line. Elsewhere: nothing."""
+    if '"' in install_help or "\\" in install_help or "\n" in install_help:
+        raise ValueError("INSTALL_HELP must be one line without double quotes or backslashes")
     return (
         "# Colab setup: installs minigrpo there (elsewhere this does nothing: `pip install -e .` in the repository).\n"
-        "import importlib.util\n"
-        "import os\n"
         "import subprocess\n"
         "import sys\n"
         "\n"
         'if "google.colab" in sys.modules:  # minigrpo.course.in_colab(), before minigrpo can be imported\n'
-        f"    PACKAGE = {_literal(colab_install)}  # minigrpo.course.COLAB_INSTALL (None: not published)\n"
-        '    if PACKAGE and importlib.util.find_spec("minigrpo") is None:\n'
-        '        command = [sys.executable, "-m", "pip", "install", "-q", PACKAGE]\n'
-        '        no_prompt = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # a missing repository fails, not asks\n'
-        "        pip = subprocess.run(command, capture_output=True, text=True, env=no_prompt)\n"
-        "        if pip.returncode != 0:\n"
-        '            print(f"pip could not install {PACKAGE}:", (pip.stderr.strip().splitlines() or ["?"])[-1])\n'
-        "        importlib.invalidate_caches()\n"
-        '    if importlib.util.find_spec("minigrpo") is None:\n'
-        f'        print("""{install_help}""")\n'
+        f"    PACKAGE = {json.dumps(colab_install)}  # pyproject.toml's version, stamped by scripts/stamp_colab.py\n"
+        '    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", PACKAGE], '
+        "capture_output=True, text=True)\n"
+        "    if pip.returncode != 0:\n"
+        '        last_line = (pip.stderr.strip().splitlines() or ["?"])[-1]\n'
+        f'        print(f"pip could not install {{PACKAGE}} ({{last_line}}): {install_help}")\n'
         "    else:\n"
         "        from minigrpo import course\n"
         "\n"
@@ -104,9 +99,7 @@ def _find(nb, cell_id: str) -> int | None:
     return next((i for i, cell in enumerate(nb.cells) if cell.get("id") == cell_id), None)
 
 
-def stamp_notebook(
-    nb, relative_path: str, repository_url: str | None, colab_install: str | None, install_help: str
-) -> bool:
+def stamp_notebook(nb, relative_path: str, repository_url: str | None, colab_install: str, install_help: str) -> bool:
     """Put the badge first and the setup cell before the first code cell. Returns True if nb changed."""
     changed = False
     badge = badge_source(repository_url, relative_path)

@@ -3,6 +3,9 @@ without TRL and the graded capstone. (The leg itself, hours of CPU the first tim
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -89,3 +92,39 @@ def test_the_capstone_passes_with_full_marks_and_no_error_only():
     assert colab_env.capstone_problems(graded(27, 30)) == ["ok: 27 of 30 points"]
     assert colab_env.capstone_problems(graded(30, 30, ["cell 4: NameError"])) == ["error: cell 4: NameError"]
     assert colab_env.capstone_problems(graded(0, 0)) == ["ok: 0 of 0 points"]
+
+
+# --- the rehearsal's Colab (the lessons part) ---------------------------------------------------------------------
+def test_the_lessons_run_from_a_bare_content_folder_installing_the_wheel_without_the_network(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    for name in ("00_tour.ipynb", "08_from_minigrpo_to_trl.ipynb"):
+        nbformat.write(nbformat.v4.new_notebook(), tmp_path / "notebooks" / name)
+    wheel = tmp_path / "wheels" / "minigrpo-9.9.9-py3-none-any.whl"
+    uninstall, (python, arguments, env) = colab_env.parts(Path("py"), Path("trl"), tmp_path, wheel)["lessons"]
+    assert uninstall == (Path("py"), ["-m", "pip", "uninstall", "-q", "-y", "minigrpo"])  # not installed beforehand
+    assert arguments == ["-m", "pytest", "-p", "no:cacheprovider", "-p", "one_pip_at_a_time", "content/00_tour.ipynb"]
+    assert [path.name for path in (tmp_path / "content").iterdir()] == ["00_tour.ipynb"]  # lesson 08: its own part
+    assert env["PIP_FIND_LINKS"] == str(tmp_path / "wheels") and env["PIP_NO_INDEX"] == "1"
+    assert env["PYTHONPATH"] == str(tmp_path / "colab-standin") and env["IPYTHONDIR"] == str(tmp_path / "ipython")
+    assert env["MINIGRPO_SETUP_LOCK"] == str(tmp_path / "setup-cell.lock")
+    compile(colab_env.ONE_PIP_AT_A_TIME, "one_pip_at_a_time.py", "exec")
+
+
+def test_the_kernels_start_in_colab_with_a_stand_in_the_course_can_use(tmp_path):
+    """A kernel's startup file imports the stand-in google.colab: the setup cell's test ("google.colab" in
+    sys.modules) is true, course.colab_setup() runs on it, and google stays a namespace (protobuf's google.* still
+    imports beside it)."""
+    _, env = colab_env.colab_content(tmp_path, [], tmp_path / "minigrpo.whl")
+    (startup,) = (tmp_path / "ipython" / "profile_default" / "startup").glob("*.py")
+    script = (
+        f"exec(open({str(startup)!r}).read())\n"
+        "import sys\n"
+        "from minigrpo import course\n"
+        "course.colab_setup()\n"
+        "import google.protobuf\n"
+        "print(course.in_colab(), sys.modules['google.colab'].__file__)\n"
+    )
+    path = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": path}, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout.decode() == f"True {tmp_path / 'colab-standin' / 'google' / 'colab' / '__init__.py'}\n"

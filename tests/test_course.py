@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import minigrpo
 from minigrpo import course
 from minigrpo.config import GRPOConfig
 from minigrpo.course import experiments
@@ -55,10 +56,9 @@ def test_describe_names_the_device_and_the_model(gpu):
     assert f"model: {QWEN_MODEL_ID}" in course.describe(course.model_name(real_on_gpu=True))
 
 
-def test_colab_install_is_none_while_not_published():
-    assert course.colab_install("https://github.com/a/b") == "git+https://github.com/a/b"
-    assert course.colab_install(None) is None and course.colab_install("") is None
-    assert course.COLAB_INSTALL == course.colab_install(course.REPOSITORY_URL)
+def test_colab_install_is_the_colab_extra_at_this_version():
+    assert course.colab_install("1.2.0") == "minigrpo[colab]==1.2.0"
+    assert course.COLAB_INSTALL == f"minigrpo[colab]=={minigrpo.__version__}"
 
 
 # --- the Colab setup cell -----------------------------------------------------------------------------------------
@@ -69,20 +69,6 @@ def colab(monkeypatch):
     output = types.SimpleNamespace(enable_custom_widget_manager=lambda: calls.append("widgets"))
     monkeypatch.setitem(sys.modules, "google.colab", types.SimpleNamespace(output=output))
     return calls
-
-
-def installed_after(monkeypatch, lookups: int):
-    """find_spec("minigrpo") says "not installed" for the first `lookups` lookups, then finds the real one."""
-    real, seen = importlib.util.find_spec, []
-
-    def find_spec(name, *args, **kwargs):
-        if name == "minigrpo":
-            seen.append(name)
-            if len(seen) <= lookups:
-                return None
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
 
 
 def fake_pip(monkeypatch, returncode: int):
@@ -96,45 +82,38 @@ def fake_pip(monkeypatch, returncode: int):
     return commands
 
 
-def run_setup_cell(colab_install: str | None) -> None:
-    exec(stamp_colab.install_source(colab_install, course.INSTALL_HELP), {"__name__": "__main__"})
+PACKAGE = "minigrpo[colab]==1.2.0"
+
+
+def run_setup_cell() -> None:
+    exec(stamp_colab.install_source(PACKAGE, course.INSTALL_HELP), {"__name__": "__main__"})
 
 
 def test_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
     commands = fake_pip(monkeypatch, 0)
-    run_setup_cell(course.COLAB_INSTALL)
+    run_setup_cell()
     assert commands == [] and capsys.readouterr().out == ""
 
 
-def test_setup_cell_in_colab_with_minigrpo_installed_turns_on_widgets(colab, monkeypatch, capsys):
+def test_setup_cell_installs_the_stamped_version_and_turns_on_widgets(colab, monkeypatch, capsys):
+    """pip runs even when minigrpo is importable: a runtime that kept another version gets the notebook's."""
     commands = fake_pip(monkeypatch, 0)
-    run_setup_cell("git+https://github.com/a/b")
-    assert commands == [] and colab == ["widgets"] and capsys.readouterr().out == ""
-
-
-def test_setup_cell_installs_from_the_repository(colab, monkeypatch, capsys):
-    installed_after(monkeypatch, lookups=1)
-    commands = fake_pip(monkeypatch, 0)
-    run_setup_cell("git+https://github.com/a/b")
-    assert commands == [[sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/a/b"]]
+    run_setup_cell()
+    assert commands == [[sys.executable, "-m", "pip", "install", "-q", PACKAGE]]
     assert colab == ["widgets"] and capsys.readouterr().out == ""
 
 
-def test_setup_cell_explains_a_failed_install_without_a_traceback(colab, monkeypatch, capsys):
-    installed_after(monkeypatch, lookups=2)
+def test_setup_cell_explains_a_failed_install_in_one_line_without_a_traceback(colab, monkeypatch, capsys):
     fake_pip(monkeypatch, 1)
-    run_setup_cell("git+https://github.com/a/b")
+    run_setup_cell()
     out = capsys.readouterr().out
-    assert "pip could not install git+https://github.com/a/b: ERROR: Repository not found." in out
-    assert course.INSTALL_HELP in out and colab == []
+    assert out == (f"pip could not install {PACKAGE} (ERROR: Repository not found.): {course.INSTALL_HELP}\n")
+    assert "\n" not in course.INSTALL_HELP and "build_dist.py" in course.INSTALL_HELP and colab == []
 
 
-def test_setup_cell_explains_an_unpublished_package(colab, monkeypatch, capsys):
-    installed_after(monkeypatch, lookups=2)
-    commands = fake_pip(monkeypatch, 0)
-    run_setup_cell(None)
-    assert commands == [] and capsys.readouterr().out == course.INSTALL_HELP + "\n"
-    assert "python -m build" in course.INSTALL_HELP and "drive.mount" in course.INSTALL_HELP
+def test_setup_cell_refuses_a_help_text_that_would_break_it():
+    with pytest.raises(ValueError, match="one line without double quotes"):
+        stamp_colab.install_source(PACKAGE, 'say "hi"')
 
 
 def test_colab_setup_is_a_no_op_outside_colab():

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from minigrpo.course import COLAB_INSTALL, INSTALL_HELP, REPOSITORY_URL
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = "NBVAL_CHECK_OUTPUT"
@@ -41,6 +40,8 @@ make_exercises = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(make_exercises)
 
 NOTEBOOKS = stamp_colab.course_notebooks(ROOT)
+REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP = stamp_colab.course_constants()  # from pyproject.toml
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 WIDGET_MIMES = (stamp_colab.WIDGET_STATE, stamp_colab.WIDGET_VIEW)
 
 
@@ -63,6 +64,8 @@ def test_notebook_has_badge_and_colab_install_cell(path):
         assert f"/blob/main/{relative(path)})" in badge.source
     first_code = next(cell for cell in nb.cells if cell.cell_type == "code")
     assert first_code.get("id") == stamp_colab.INSTALL_ID, "the first code cell must be the Colab setup cell"
+    stamped = f'PACKAGE = "minigrpo[colab]=={VERSION}"'
+    assert stamped in first_code.source, f"{relative(path)}: stamp pyproject.toml's version: scripts/stamp_colab.py"
     assert first_code.source == stamp_colab.install_source(COLAB_INSTALL, INSTALL_HELP)
     assert 'if "google.colab" in sys.modules:' in first_code.source and "course.colab_setup()" in first_code.source
 
@@ -140,25 +143,32 @@ def test_lesson_shape(name):
     assert not redefined, f"{name} redefines package functions {redefined}: import them"
 
 
-def test_stamping_is_idempotent(tmp_path):
+def test_stamping_is_idempotent_and_follows_a_new_version_and_url(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# x"), nbformat.v4.new_code_cell("1")])
-    stamp = [REPOSITORY_URL, COLAB_INSTALL, INSTALL_HELP]
+    stamp = [None, "minigrpo[colab]==1.2.0", INSTALL_HELP]
     assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", *stamp)
     first = nbformat.writes(nb)
     assert nb.cells[0].id == "colab-badge" and nb.cells[1].source == "# x" and nb.cells[2].id == "colab-install"
     assert not stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", *stamp)
     assert nbformat.writes(nb) == first
     fork = "https://github.com/someone/fork"
-    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", fork, f"git+{fork}", INSTALL_HELP)
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", fork, "minigrpo[colab]==1.3.0", INSTALL_HELP)
     assert "github/someone/fork/blob/main/notebooks/x.ipynb" in nb.cells[0].source
-    assert f'PACKAGE = "git+{fork}"' in nb.cells[2].source
+    assert 'PACKAGE = "minigrpo[colab]==1.3.0"' in nb.cells[2].source
 
 
-def test_unpublished_repository_gets_an_upload_note_and_no_install():
+def test_the_stamp_comes_from_pyprojects_version_and_url():
+    published = '[project]\nversion = "1.2.0"\n[project.urls]\nRepository = "https://github.com/a/b"\n'
+    assert stamp_colab.course_constants(published) == ("https://github.com/a/b", "minigrpo[colab]==1.2.0", INSTALL_HELP)
+    unpublished = '[project]\nversion = "1.2.0"\n[project.urls]\n'
+    assert stamp_colab.course_constants(unpublished)[:2] == (None, "minigrpo[colab]==1.2.0")
+
+
+def test_unpublished_repository_gets_a_one_line_upload_note():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1")])
-    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", None, None, INSTALL_HELP)
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", None, "minigrpo[colab]==1.2.0", INSTALL_HELP)
     assert nb.cells[0].source == stamp_colab.UNPUBLISHED_BADGE and "Upload notebook" in nb.cells[0].source
-    assert "PACKAGE = None" in nb.cells[1].source
+    assert "\n" not in nb.cells[0].source
     compile(nb.cells[1].source, "setup cell", "exec")  # plain Python: runs before minigrpo (or any magic) is there
 
 

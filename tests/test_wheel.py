@@ -17,6 +17,7 @@ import venv
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_INPUTS = ("pyproject.toml", "README.md", "minigrpo")  # what setuptools reads to build the wheel
@@ -87,6 +88,13 @@ def test_the_wheel_is_what_python_imports(installed):
     location = checked([python, "-c", "import minigrpo; print(minigrpo.__file__)"], cwd=outside, env=env).strip()
     assert Path(location).is_relative_to(python.parent.parent), f"imported {location}, not the wheel"
     assert not Path(location).is_relative_to(ROOT)
+
+
+def test_the_wheel_reports_pyprojects_version(installed):
+    """minigrpo.__version__ is read from the installed metadata: pyproject.toml's version, not a second literal."""
+    python, outside, env = installed
+    version = checked([python, "-c", "import minigrpo; print(minigrpo.__version__)"], cwd=outside, env=env).strip()
+    assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_lesson_00_runs_from_the_wheel(installed):

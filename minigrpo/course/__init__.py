@@ -12,10 +12,10 @@ bundled tiny Qwen on any machine;
 lesson 06 trains for real and asks for Qwen2.5-0.5B-Instruct when a GPU is
 there (`real_on_gpu=True`).
 
-The Colab setup cell (written into every notebook by scripts/stamp_colab.py)
-runs before minigrpo is installed, so it is plain code; it installs from
-REPOSITORY_URL, or prints INSTALL_HELP when there is nothing to install from,
-then calls colab_setup() from here.
+The Colab setup cell (written into every notebook by scripts/stamp_colab.py,
+from pyproject.toml's version) runs before minigrpo is installed, so it is
+plain code; in Colab it pip-installs COLAB_INSTALL, prints one line of
+INSTALL_HELP if pip fails, then calls colab_setup() from here.
 """
 
 from __future__ import annotations
@@ -28,32 +28,23 @@ import sys
 
 import torch
 
+from minigrpo import __version__
 from minigrpo.config import GRPOConfig
 from minigrpo.models import QWEN_MODEL_ID
 
 QUICK: bool = os.environ.get("MINIGRPO_QUICK", "").lower() in ("1", "true", "yes")
 
-# Where the package is published, as a GitHub URL (the Colab badge opens notebooks from it, the setup cell
-# pip-installs it), or None while it is not published: then the badge says so and the setup cell prints
-# INSTALL_HELP. Change it here, then run `python scripts/stamp_colab.py` to rewrite the notebooks.
-REPOSITORY_URL: str | None = None  # not published yet
+
+def colab_install(version: str) -> str:
+    """The one pip requirement a Colab setup cell installs: the course at `version`, with what Colab lacks (the
+    colab extra)."""
+    return f"minigrpo[colab]=={version}"
 
 
-def colab_install(repository_url: str | None = REPOSITORY_URL) -> str | None:
-    """The pip requirement the Colab setup cell installs ("git+URL"), or None when the package is not published."""
-    return f"git+{repository_url}" if repository_url else None
+COLAB_INSTALL: str = colab_install(__version__)
 
-
-COLAB_INSTALL: str | None = colab_install()
-
-# What the setup cell prints, in Colab, when minigrpo could not be installed from REPOSITORY_URL.
-INSTALL_HELP = """\
-minigrpo is not installed in this Colab runtime. Install it one of two ways, then run this cell again:
-  1. A wheel: run `python -m build` in the repository on your computer, upload dist/minigrpo-*.whl
-     (Files panel, on the left), and run `%pip install /content/minigrpo-*.whl` in a new cell.
-  2. Google Drive: copy the repository to My Drive as minigrpo/, then run in a new cell:
-     from google.colab import drive; drive.mount("/content/drive")
-     %pip install /content/drive/MyDrive/minigrpo"""
+# What the setup cell prints, after pip's own last line, when pip could not install COLAB_INSTALL in Colab.
+INSTALL_HELP = "check the runtime's internet, or upload a wheel (`python scripts/build_dist.py`) and `%pip install` it."
 
 
 def in_colab() -> bool:
