@@ -6,11 +6,11 @@ Each row's question is README.md's own (edit it there: --write keeps it); the ot
     python scripts/course_map.py --write    # put it into README.md, between the map's two marker lines
     python scripts/course_map.py --check    # exit 1 when README.md or a lesson's first line disagrees (tests)
 
-Reading time is the lesson's words, prose and code, at 150 a minute, rounded to 5 minutes (lesson 04b counted 2,963
-words in 20 minutes by hand; code is read more slowly than prose and is counted as words). Each lesson's **Time:** line
-must state the same reading time. The graded exercises are those its "## Practice: graded exercises" section links.
-The run time is what the lesson's **Time:** line says of its code, quoted: those figures were measured when the
-lessons were written, on two CPU cores, in each lesson's full mode.
+Reading time is what each lesson's **Time:** line states, which must be its words, prose and code, at 150 a minute,
+within 5 minutes (a time in steps of 5 minutes, give or take a step, so that an edit of a few words changes no line;
+code is read more slowly than prose and is counted as words). The graded exercises are those its "## Practice: graded
+exercises" section links. The run time is what the lesson's **Time:** line says of its code, quoted: those figures
+were measured when the lessons were written, on two CPU cores, in each lesson's full mode.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ class Lesson:
     exercises: tuple[str, ...]  # exercise file names, as its Practice section links them
 
     @property
-    def reading_minutes(self) -> int:
-        """Words at WORDS_PER_MINUTE, rounded to the nearest 5 minutes (at least 5)."""
-        return max(5, 5 * round(self.words / WORDS_PER_MINUTE / 5))
+    def counted_minutes(self) -> float:
+        """The words at WORDS_PER_MINUTE."""
+        return self.words / WORDS_PER_MINUTE
 
 
 def read_lesson(path: Path) -> Lesson:
@@ -85,9 +85,9 @@ def render(course: list[Lesson], questions: dict[str, str]) -> str:
             title += " (optional)"
         exercises = ", ".join(map(exercise_link, lesson.exercises)) or "none"
         question = questions.get(lesson.name, "")
-        rows.append(f"| {title} | {question} | {exercises} | {lesson.reading_minutes} min | {lesson.runs} |")
-    total = sum(lesson.reading_minutes for lesson in course)
-    optional = sum(lesson.reading_minutes for lesson in course if lesson.name in OPTIONAL)
+        rows.append(f"| {title} | {question} | {exercises} | {lesson.stated_minutes} min | {lesson.runs} |")
+    total = sum(lesson.stated_minutes for lesson in course)
+    optional = sum(lesson.stated_minutes for lesson in course if lesson.name in OPTIONAL)
     hours = lambda minutes: f"{minutes // 60} h {minutes % 60:02d} min"  # noqa: E731
     linked = sorted({name for lesson in course for name in lesson.exercises})
     rows.append("")
@@ -100,13 +100,14 @@ def render(course: list[Lesson], questions: dict[str, str]) -> str:
 
 
 def problems(root: Path = ROOT) -> list[str]:
-    """What disagrees: a lesson whose Time line states another reading time, a README whose map is not render()'s."""
+    """What disagrees: a lesson whose Time line is more than 5 minutes from its words' count, a README whose map is
+    not render()'s."""
     course = lessons(root)
     found = [
         f"notebooks/{lesson.name}: its Time line says {lesson.stated_minutes} minutes to read; its "
-        f"{lesson.words} words make {lesson.reading_minutes}"
+        f"{lesson.words} words make {lesson.counted_minutes:.0f}"
         for lesson in course
-        if lesson.stated_minutes != lesson.reading_minutes
+        if abs(lesson.stated_minutes - lesson.counted_minutes) > 5
     ]
     readme = (root / "README.md").read_text(encoding="utf-8")
     if BEGIN not in readme or END not in readme:
