@@ -46,6 +46,12 @@ RESUME_FREE_FIELDS = (
     "logging_steps",
     "logging_dir",
     "report_to",
+    "run_name",
+    "project",
+    "trackio_space_id",
+    "trackio_bucket_id",
+    "trackio_static_space_id",
+    "hub_private_repo",
     "eval_strategy",
     "save_strategy",
     "gradient_accumulation_steps",  # with steps_per_generation: how a generation is split, not its size (B)
@@ -210,7 +216,21 @@ class GRPOConfig:
     logging_dir: str | None = None
     """Folder for metrics.jsonl (None: output_dir)."""
     report_to: None | str | list[str] = "none"  # this order of the union is what HfArgumentParser reads
-    """Only "none" (or None / []): minigrpo writes metrics.jsonl and trainer.state.log_history, nothing else."""
+    """Experiment trackers that get every logged row, as in transformers: "none" (or None / []), "tensorboard",
+    "wandb", "trackio", a list of them, or "all" (those installed). metrics.jsonl and log_history are always
+    written. Through transformers' own callbacks (run.trackers); pip install 'minigrpo[trackers]'."""
+    run_name: str | None = None
+    """The run's name in the tracker (wandb, trackio), as in transformers (None: the tracker picks one)."""
+    project: str = "huggingface"
+    """The trackio project the run is logged under (transformers' field; wandb reads WANDB_PROJECT instead)."""
+    trackio_space_id: str | None = None
+    """A Hugging Face Space to host the trackio dashboard (None: local only, `trackio show`)."""
+    trackio_bucket_id: str | None = None
+    """transformers' trackio field: a Hub bucket for the logs (None: none)."""
+    trackio_static_space_id: str | None = None
+    """transformers' trackio field: the static Space frozen after training (only with trackio_space_id)."""
+    hub_private_repo: bool | None = None
+    """transformers' field: whether a Space that trackio creates is private."""
     eval_strategy: Literal["no", "steps"] = "steps"
     """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
     eval_steps: float | None = 50
@@ -377,6 +397,15 @@ class GRPOConfig:
             raise ValueError(
                 f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."
             )
+
+    def to_dict(self) -> dict:
+        """Every field as a dict of plain values, as TrainingArguments.to_dict (what a tracker records as the
+        run's config)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def to_json_string(self) -> str:
+        """to_dict as indented JSON, as TrainingArguments.to_json_string (TensorBoard's "args" text)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
     def replace(self, **changes) -> GRPOConfig:
         """A copy with some fields changed (validated again). The batch sizes the user did not give are derived

@@ -8,9 +8,10 @@ them). Three kinds of TRL field need a rule, and each rule lives here:
   steps_per_generation, gradient_accumulation_steps and prompts_per_step are
   derived from whichever of them a config gives, as TRL derives them;
 - switches minigrpo accepts only at the value it implements (use_vllm, fp16,
-  remove_unused_columns, report_to, trust_remote_code, push_to_hub:
-  ``check_trl_switches``), kept as fields so that ``HfArgumentParser`` and
-  ``TrlParser`` read a TRL recipe that passes them;
+  remove_unused_columns, trust_remote_code, push_to_hub: ``check_trl_switches``),
+  kept as fields so that ``HfArgumentParser`` and ``TrlParser`` read a TRL
+  recipe that passes them, and the trackers report_to may name
+  (``requested_trackers``);
 - any other TRL keyword (``refuse_unknown_fields``): one clear error that
   names the field and says what minigrpo does instead.
 """
@@ -34,9 +35,6 @@ INSTEAD = {
     "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see docs/scaling.md",
     "vllm_mode": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
     "hub_model_id": "save with trainer.save_model(path), then push that folder with huggingface_hub",
-    "log_completions": "completions are in the rollout; print a few with trainer.collect_rollout()",
-    "num_completions_to_print": "completions are in the rollout; print a few with trainer.collect_rollout()",
-    "run_name": "one run per output_dir; metrics go to <output_dir>/metrics.jsonl",
     "logging_strategy": "metrics are logged every logging_steps optimizer steps",
     "logging_first_step": "metrics are logged every logging_steps optimizer steps",
     "save_only_model": "checkpoints hold everything exact resume needs; trainer.save_model(path) writes the model",
@@ -102,12 +100,30 @@ def check_trl_switches(config) -> None:
             "push_to_hub=True: minigrpo does not upload. Save with trainer.save_model(path), then push that folder "
             "with huggingface_hub (HfApi().upload_folder)."
         )
-    if config.report_to not in ("none", None, [], ["none"]):
+    requested_trackers(config.report_to)  # an unknown tracker name fails here, before a model loads
+
+
+# --- report_to: the experiment trackers -------------------------------------------------
+TRACKERS = ("tensorboard", "wandb", "trackio")
+"""The trackers report_to accepts: those whose transformers callback fits minigrpo's config and state."""
+
+
+def requested_trackers(report_to) -> list[str]:
+    """report_to as a list of tracker names, as transformers reads it: "none", None or [] -> [], a name -> [name],
+    "all" -> ["all"] (run.trackers resolves it to the installed trackers). An unknown name is one clear error."""
+    if report_to is None or report_to == "none":
+        return []
+    names = [report_to] if isinstance(report_to, str) else [name for name in report_to if name != "none"]
+    if names == ["all"]:
+        return names
+    unknown = [name for name in names if name not in TRACKERS]
+    if unknown:
         raise ValueError(
-            f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
-            "trainer.state.log_history only. Set report_to='none' (plot with "
-            "minigrpo.course.plots.plot_training_curves)."
+            f"report_to={report_to!r}: minigrpo reports to {', '.join(TRACKERS)} (or 'all' of those installed, "
+            f"or 'none'), not {', '.join(map(repr, unknown))}. Every logged row is also in <output_dir>/metrics.jsonl "
+            "and trainer.state.log_history, for any other tool to read."
         )
+    return names
 
 
 # --- the batch fields ----------------------------------------------------------------
