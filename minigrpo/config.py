@@ -47,6 +47,8 @@ RESUME_FREE_FIELDS = (
     "logging_dir",
     "report_to",
     "run_name",
+    "log_completions",
+    "num_completions_to_print",
     "project",
     "trackio_space_id",
     "trackio_bucket_id",
@@ -219,6 +221,11 @@ class GRPOConfig:
     """Experiment trackers that get every logged row, as in transformers: "none" (or None / []), "tensorboard",
     "wandb", "trackio", a list of them, or "all" (those installed). metrics.jsonl and log_history are always
     written. Through transformers' own callbacks (run.trackers); pip install 'minigrpo[trackers]'."""
+    log_completions: bool = False
+    """Every logging step, print a table of the last generation's prompts, completions, per-function rewards and
+    advantages, and append them all to <output_dir>/completions.jsonl (TRL's field; run.completions_log)."""
+    num_completions_to_print: int | None = None
+    """How many completions log_completions prints (None: all, as in TRL); the file gets every one."""
     run_name: str | None = None
     """The run's name in the tracker (wandb, trackio), as in transformers (None: the tracker picks one)."""
     project: str = "huggingface"
@@ -393,6 +400,11 @@ class GRPOConfig:
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: an Adam beta must be in [0, 1) (typical 0.9-0.999).")
         _check_dynamic_sampling(self)
+        if self.num_completions_to_print is not None and self.num_completions_to_print < 1:
+            raise ValueError(
+                f"num_completions_to_print={self.num_completions_to_print}: print 1 or more, or None for all (set "
+                "log_completions=False to print none)."
+            )
         if self.reward_timeout is not None and not self.reward_timeout > 0:
             raise ValueError(
                 f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."

@@ -66,6 +66,7 @@ STATE_FILE = "trainer_state.pt"
 HISTORY_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
 METRICS_FILE = "metrics.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"  # log_completions=True (run.completions_log)
 ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's file of a LoRA policy's adapter weights
 LOCK_FILE = ".minigrpo.lock"
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
@@ -677,6 +678,7 @@ def find_resumable(
 # --- the output folder: one run at a time -----------------------------------------------------
 RUN_OUTPUTS = (
     METRICS_FILE,
+    COMPLETIONS_FILE,
     "final",  # python -m minigrpo train's final model
     "trainer_state.json",  # save_state() (a checkpoint's own trainer_state.json is inside checkpoint-N)
     "all_results.json",  # save_metrics()

@@ -254,6 +254,15 @@ def map_shards(fn: Callable[[list], list], items: list) -> list:
     return [result for shard in results for result in shard][: len(items)]
 
 
+def gather_lists(items: list) -> list:
+    """Every rank's `items`, concatenated in rank order, on every rank (a collective: every rank must call it)."""
+    if not is_distributed():
+        return items
+    gathered: list[list] = [None] * world_size()
+    dist.all_gather_object(gathered, items)
+    return [item for shard in gathered for item in shard]
+
+
 # --- failures: every rank stops, none waits ------------------------------------------------------
 @contextlib.contextmanager
 def fail_together(stage: str) -> Iterator[None]:

@@ -21,7 +21,8 @@ import torch
 from minigrpo.models import is_peft_model
 from minigrpo.rewards import reward_func_name
 from minigrpo.run import checkpoints, distributed
-from minigrpo.run.checkpoints import METRICS_FILE, CheckpointError
+from minigrpo.run.checkpoints import COMPLETIONS_FILE, METRICS_FILE, CheckpointError
+from minigrpo.run.completions_log import keep_steps_up_to
 from minigrpo.run.datasets import dataset_record
 from minigrpo.run.distributed import tie_weights
 from minigrpo.run.metrics import average_metrics
@@ -255,6 +256,7 @@ class CheckpointMixin:
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
                 f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
+            keep_steps_up_to(self.output_dir / COMPLETIONS_FILE, self.step)  # log_completions' rows, likewise
             print(f"resumed from {path} at step {self.step}")
 
     def _apply_config_to_optimizer(self) -> None:
