@@ -47,6 +47,7 @@ RESUME_FREE_FIELDS = (
     "logging_dir",
     "report_to",
     "run_name",
+    "use_cpu",
     "log_completions",
     "num_completions_to_print",
     "project",
@@ -221,6 +222,9 @@ class GRPOConfig:
     """Experiment trackers that get every logged row, as in transformers: "none" (or None / []), "tensorboard",
     "wandb", "trackio", a list of them, or "all" (those installed). metrics.jsonl and log_history are always
     written. Through transformers' own callbacks (run.trackers); pip install 'minigrpo[trackers]'."""
+    use_cpu: bool = False
+    """Train on the CPU even where a GPU is available (transformers' field); under torchrun the processes then
+    talk over gloo. False: CUDA when there is a GPU, else the CPU."""
     log_completions: bool = False
     """Every logging step, print a table of the last generation's prompts, completions, per-function rewards and
     advantages, and append them all to <output_dir>/completions.jsonl (TRL's field; run.completions_log)."""

@@ -134,15 +134,15 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         # before the model loads: a list or a DataFrame is refused, an IterableDataset read into a Dataset
         train_dataset = as_dataset(train_dataset, "train_dataset", self.config)
         eval_dataset = as_dataset(eval_dataset, "eval_dataset")
-        distributed.init_from_environment()  # under torchrun: join the process group (before loading a model)
+        distributed.init_from_environment(self.config.use_cpu)  # under torchrun: join the group (before the model)
         self.model, self.tokenizer = resolve_model_and_tokenizer(
-            model, processing_class, self.config.model_init_kwargs, quantization_config
+            model, processing_class, self.config.model_init_kwargs, quantization_config, self.config.use_cpu
         )
         if peft_config is not None:
             self.model = add_adapters(self.model, peft_config, self.config.seed)
         if getattr(self.model, "is_loaded_in_4bit", False) and not is_peft_model(self.model):
             raise ValueError("a 4-bit model cannot be updated itself: pass a peft_config (QLoRA trains adapters).")
-        self.model = distributed.local_device(self.model)
+        self.model = distributed.local_device(self.model, self.config.use_cpu)
         self.device = next(self.model.parameters()).device
         self.reward_funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, self.device)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset

@@ -83,17 +83,17 @@ def launched_by_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def init_from_environment() -> bool:
+def init_from_environment(use_cpu: bool = False) -> bool:
     """Join the process group torchrun describes in the environment: nccl on CUDA, gloo on the CPU.
 
     Does nothing outside torchrun or when a group already exists (a user's
     script may have made its own). On CUDA, rank r of a node uses GPU
     LOCAL_RANK, so that "cuda" means that GPU from here on. The group we make
-    is destroyed at exit (teardown). Returns whether a group exists.
+    is destroyed at exit (teardown). Returns whether a group exists. use_cpu: gloo even where there are GPUs.
     """
     if is_distributed() or not launched_by_torchrun():
         return is_distributed()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not use_cpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl")
     else:
@@ -114,8 +114,11 @@ def barrier() -> None:
         dist.barrier()
 
 
-def local_device(model: torch.nn.Module) -> torch.nn.Module:
-    """The model on this rank's GPU: a model loaded to "cuda" before the group existed sits on GPU 0 everywhere."""
+def local_device(model: torch.nn.Module, use_cpu: bool = False) -> torch.nn.Module:
+    """The model on this rank's GPU: a model loaded to "cuda" before the group existed sits on GPU 0 everywhere.
+    use_cpu: on the CPU, wherever it was."""
+    if use_cpu:
+        return model.to("cpu")
     if is_distributed() and torch.cuda.is_available():
         return model.to(torch.device("cuda", torch.cuda.current_device()))
     return model

@@ -26,6 +26,7 @@ from minigrpo.run.completions_log import keep_steps_up_to
 from minigrpo.run.datasets import dataset_record
 from minigrpo.run.distributed import tie_weights
 from minigrpo.run.metrics import average_metrics
+from minigrpo.run.schedule import schedule_change_note
 
 
 @contextlib.contextmanager
@@ -250,6 +251,9 @@ class CheckpointMixin:
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
         self.set_learning_rate(self.step)  # the schedule is a function of the step: nothing else to restore
+        note = schedule_change_note(state["args"].get("config", {}), self.config, self.step, self.max_steps)
+        if note and distributed.is_main_process():
+            print(note)
         # TRL's num_tokens goes on from the last logged count (metrics logged before num_tokens existed: 0)
         self.num_tokens = next((int(row["num_tokens"]) for row in reversed(self.history) if "num_tokens" in row), 0)
         if distributed.is_main_process():

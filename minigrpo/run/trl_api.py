@@ -107,6 +107,21 @@ class TrlTrainerMixin:
         return self.config
 
     @property
+    def accelerator(self):
+        """An ``accelerate.Accelerator`` for what a TRL script calls on it (``trainer.accelerator.print``,
+        ``is_main_process``, ``wait_for_everyone``, ``device``), made on first use: importing minigrpo does not import
+        accelerate, which stays optional. minigrpo's own loop does not go through it (plain PyTorch, torchrun)."""
+        if getattr(self, "_accelerator", None) is None:
+            try:
+                from accelerate import Accelerator
+            except ImportError:
+                raise ImportError(
+                    "trainer.accelerator needs accelerate: pip install accelerate (minigrpo's loop itself does not)."
+                ) from None
+            self._accelerator = Accelerator(cpu=self.config.use_cpu)
+        return self._accelerator
+
+    @property
     def processing_class(self):
         """The tokenizer, under TRL's name (``trainer.processing_class``)."""
         return self.tokenizer
