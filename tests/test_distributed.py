@@ -28,13 +28,17 @@ LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 TOLERANCE = 1e-5
 
 
-def launch(nproc: int | None, out: Path, runs: list[dict]) -> dict:
-    """torchrun --nproc-per-node nproc tests/distributed_worker.py (nproc None: plain python, no torchrun);
+def launch(nproc: int | None, out: Path, runs: list[dict], launcher: str = "torchrun") -> dict:
+    """torchrun --nproc-per-node nproc tests/distributed_worker.py (nproc None: plain python, no torchrun; launcher
+    "accelerate": accelerate launch --multi_gpu --num_processes nproc, which on a CPU is torchrun's launcher too);
     returns rc, output and seconds."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("OMP_NUM_THREADS", "1")
     command = [sys.executable]
-    if nproc is not None:
+    if launcher == "accelerate":
+        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc)]
+        command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # no config file
+    elif nproc is not None:
         command += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone"]
     command += [str(ROOT / "tests" / "distributed_worker.py"), str(out), json.dumps(runs)]
     started = time.perf_counter()
@@ -72,6 +76,13 @@ def two_processes(tmp_path_factory):
     return launch(2, tmp_path_factory.mktemp("k2"), runs)
 
 
+@pytest.fixture(scope="module")
+def accelerate_two_processes(tmp_path_factory):
+    pytest.importorskip("accelerate")
+    runs = [{"name": "grpo", "config": {"loss_type": "grpo"}}]
+    return launch(2, tmp_path_factory.mktemp("accelerate"), runs, launcher="accelerate")
+
+
 def result(launched: dict, name: str, rank: int = 0) -> dict:
     path = launched["out"] / f"{name}.rank{rank}.pt"
     assert path.exists(), f"{path.name} missing; the launch said:\n{launched['output'][-3000:]}"
@@ -106,6 +117,15 @@ def test_plain_python_and_torchrun_with_one_or_two_processes_train_the_same_weig
     assert max_difference(plain["weights"], single["weights"]) < TOLERANCE
     assert max_difference(plain["weights"], pair["weights"]) < TOLERANCE
     assert [h["reward"] for h in plain["history"]] == pytest.approx([h["reward"] for h in pair["history"]], abs=1e-6)
+
+
+def test_accelerate_launch_trains_exactly_as_torchrun(accelerate_two_processes, two_processes):
+    # TRL's launcher: the same script, the same two processes (accelerate launch hands them to torchrun's launcher)
+    torchrun = result(two_processes, "grpo")
+    for rank in (0, 1):
+        launched = result(accelerate_two_processes, "grpo", rank)
+        assert max_difference(launched["weights"], torchrun["weights"]) == 0.0
+        assert [h["loss"] for h in launched["history"]] == [h["loss"] for h in torchrun["history"]]
 
 
 def test_resume_under_two_processes_continues_exactly(two_processes):
