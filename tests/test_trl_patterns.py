@@ -81,3 +81,16 @@ def test_every_trl_field_minigrpo_refuses_says_what_to_do_instead():
     assert "vLLM is TRL's domain" in refused_field_message("GRPOConfig", "vllm_server_port")  # by its prefix
     with pytest.raises(TypeError, match="ddp_timeout=...: .* torchrun and minigrpo set up DDP"):
         GRPOConfig(ddp_timeout=60)
+
+
+def test_accelerate_launch_that_started_one_process_says_how_to_start_several(monkeypatch):
+    from minigrpo.run import distributed
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # what `accelerate launch --num_processes 2` sets on a CPU ...
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # ... with no RANK: one process
+    with pytest.warns(UserWarning, match="pass --multi_gpu .* or run torchrun --nproc-per-node K"):
+        assert distributed.init_from_environment() is False
+    monkeypatch.delenv("MASTER_ADDR")  # accelerate launch with one process: nothing to say
+    assert distributed.one_process_of_several() is None

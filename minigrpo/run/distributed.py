@@ -48,6 +48,7 @@ import hashlib
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -83,6 +84,20 @@ def launched_by_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
+def one_process_of_several() -> str | None:
+    """What to say when `accelerate launch --num_processes K` (K > 1) started this script as ONE process: without
+    --multi_gpu, accelerate's plain launcher expects MPI for several CPU processes, and on a machine without GPUs it
+    starts a single process (it sets MASTER_ADDR, but no RANK). None otherwise."""
+    if "ACCELERATE_USE_CPU" not in os.environ or "MASTER_ADDR" not in os.environ or "RANK" in os.environ:
+        return None
+    return (
+        "accelerate launch started this script as one process, not several: on a machine without GPUs pass "
+        "--multi_gpu (accelerate launch --multi_gpu --num_processes K script.py hands the processes to torchrun's "
+        "launcher, which works on the CPU with gloo), or run torchrun --nproc-per-node K script.py. This run trains "
+        "in one process (the same updates, one process doing all the work)."
+    )
+
+
 def init_from_environment(use_cpu: bool = False) -> bool:
     """Join the process group torchrun describes in the environment: nccl on CUDA, gloo on the CPU.
 
@@ -91,6 +106,9 @@ def init_from_environment(use_cpu: bool = False) -> bool:
     LOCAL_RANK, so that "cuda" means that GPU from here on. The group we make
     is destroyed at exit (teardown). Returns whether a group exists. use_cpu: gloo even where there are GPUs.
     """
+    note = None if launched_by_torchrun() else one_process_of_several()
+    if note:
+        warnings.warn(note, stacklevel=3)
     if is_distributed() or not launched_by_torchrun():
         return is_distributed()
     if torch.cuda.is_available() and not use_cpu:
