@@ -70,6 +70,7 @@ def two_processes(tmp_path_factory):
         {"name": "fsdp", "config": {"fsdp": True}},
         {"name": "fsdp-resume", "config": {"fsdp": True, "max_steps": 2}},
         {"name": "fsdp-resume", "config": {"fsdp": True}, "resume": True},
+        {"name": "report", "config": {"max_steps": 1, "report_to": "tensorboard", "log_completions": True}},
         {"name": "mismatch", "config_by_rank": {"1": {"max_steps": 5, "learning_rate": 1e-4}}, "expect_error": True},
         {"name": "fail", "fail_on_rank": 1},  # last: it ends the launch
     ]
@@ -126,6 +127,16 @@ def test_accelerate_launch_trains_exactly_as_torchrun(accelerate_two_processes, 
         launched = result(accelerate_two_processes, "grpo", rank)
         assert max_difference(launched["weights"], torchrun["weights"]) == 0.0
         assert [h["loss"] for h in launched["history"]] == [h["loss"] for h in torchrun["history"]]
+
+
+def test_only_the_main_process_reports_and_log_completions_gathers_every_process(two_processes):
+    pytest.importorskip("tensorboard")
+    result(two_processes, "report", 1)  # both ranks finished the run
+    run_dir = two_processes["out"] / "report"
+    assert len(list(run_dir.glob("runs/*/events.out.tfevents.*"))) == 1  # rank 0's writer only
+    rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and {row["step"] for row in rows} == {1}  # 4 prompts x G=4: both ranks' 8, once
+    assert [row["prompt"] for row in rows[::4]] != [rows[0]["prompt"]] * 4  # 4 groups, each with its own prompt
 
 
 def test_resume_under_two_processes_continues_exactly(two_processes):
