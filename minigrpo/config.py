@@ -46,6 +46,15 @@ RESUME_FREE_FIELDS = (
     "logging_steps",
     "logging_dir",
     "report_to",
+    "run_name",
+    "use_cpu",
+    "log_completions",
+    "num_completions_to_print",
+    "project",
+    "trackio_space_id",
+    "trackio_bucket_id",
+    "trackio_static_space_id",
+    "hub_private_repo",
     "eval_strategy",
     "save_strategy",
     "gradient_accumulation_steps",  # with steps_per_generation: how a generation is split, not its size (B)
@@ -210,7 +219,29 @@ class GRPOConfig:
     logging_dir: str | None = None
     """Folder for metrics.jsonl (None: output_dir)."""
     report_to: None | str | list[str] = "none"  # this order of the union is what HfArgumentParser reads
-    """Only "none" (or None / []): minigrpo writes metrics.jsonl and trainer.state.log_history, nothing else."""
+    """Experiment trackers that get every logged row, as in transformers: "none" (or None / []), "tensorboard",
+    "wandb", "trackio", a list of them, or "all" (those installed). metrics.jsonl and log_history are always
+    written. Through transformers' own callbacks (run.trackers); pip install 'minigrpo[trackers]'."""
+    use_cpu: bool = False
+    """Train on the CPU even where a GPU is available (transformers' field); under torchrun the processes then
+    talk over gloo. False: CUDA when there is a GPU, else the CPU."""
+    log_completions: bool = False
+    """Every logging step, print a table of the last generation's prompts, completions, per-function rewards and
+    advantages, and append them all to <output_dir>/completions.jsonl (TRL's field; run.completions_log)."""
+    num_completions_to_print: int | None = None
+    """How many completions log_completions prints (None: all, as in TRL); the file gets every one."""
+    run_name: str | None = None
+    """The run's name in the tracker (wandb, trackio), as in transformers (None: the tracker picks one)."""
+    project: str = "huggingface"
+    """The trackio project the run is logged under (transformers' field; wandb reads WANDB_PROJECT instead)."""
+    trackio_space_id: str | None = None
+    """A Hugging Face Space to host the trackio dashboard (None: local only, `trackio show`)."""
+    trackio_bucket_id: str | None = None
+    """transformers' trackio field: a Hub bucket for the logs (None: none)."""
+    trackio_static_space_id: str | None = None
+    """transformers' trackio field: the static Space frozen after training (only with trackio_space_id)."""
+    hub_private_repo: bool | None = None
+    """transformers' field: whether a Space that trackio creates is private."""
     eval_strategy: Literal["no", "steps"] = "steps"
     """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
     eval_steps: float | None = 50
@@ -373,10 +404,24 @@ class GRPOConfig:
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: an Adam beta must be in [0, 1) (typical 0.9-0.999).")
         _check_dynamic_sampling(self)
+        if self.num_completions_to_print is not None and self.num_completions_to_print < 1:
+            raise ValueError(
+                f"num_completions_to_print={self.num_completions_to_print}: print 1 or more, or None for all (set "
+                "log_completions=False to print none)."
+            )
         if self.reward_timeout is not None and not self.reward_timeout > 0:
             raise ValueError(
                 f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."
             )
+
+    def to_dict(self) -> dict:
+        """Every field as a dict of plain values, as TrainingArguments.to_dict (what a tracker records as the
+        run's config)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def to_json_string(self) -> str:
+        """to_dict as indented JSON, as TrainingArguments.to_json_string (TensorBoard's "args" text)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
     def replace(self, **changes) -> GRPOConfig:
         """A copy with some fields changed (validated again). The batch sizes the user did not give are derived

@@ -448,15 +448,16 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 # --- the model argument: a model or a name, as in TRL ----------------------------------
 def resolve_model_and_tokenizer(
-    model, processing_class=None, model_init_kwargs: dict | None = None, quantization_config=None
+    model, processing_class=None, model_init_kwargs: dict | None = None, quantization_config=None, use_cpu: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``model`` may be a name ("tiny", a Hub id, a folder): load it (and its tokenizer) with
     load_model_and_tokenizer, with model_init_kwargs, in 4-bit when quantization_config asks for it (TRL's
     trainer keyword). For a model object without ``processing_class``, load the tokenizer saved with it
-    (``model.name_or_path``), as TRL does."""
+    (``model.name_or_path``), as TRL does. use_cpu: load onto the CPU even where there is a GPU."""
     if isinstance(model, str | Path):
         load_in_4bit = bool(getattr(quantization_config, "load_in_4bit", False))
-        model, tokenizer = load_model_and_tokenizer(str(model), None, load_in_4bit, model_init_kwargs)
+        device = "cpu" if use_cpu else None
+        model, tokenizer = load_model_and_tokenizer(str(model), device, load_in_4bit, model_init_kwargs)
         return model, processing_class if processing_class is not None else tokenizer
     if quantization_config is not None:
         raise ValueError(

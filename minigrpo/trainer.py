@@ -47,10 +47,12 @@ from minigrpo.rewards import (
     as_trl_completions,
     compute_rewards,
     resolve_reward_funcs,
+    reward_func_name,
 )
 from minigrpo.rollout import Rollout, check_prompt_length, render_prompts, repeat_for_group, sample_group_rollout
 from minigrpo.run import checkpoints, distributed
-from minigrpo.run.checkpoints import METRICS_FILE
+from minigrpo.run.checkpoints import COMPLETIONS_FILE, METRICS_FILE
+from minigrpo.run.completions_log import append_jsonl, completion_rows, print_table
 from minigrpo.run.datasets import as_dataset, check_columns, check_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
@@ -132,15 +134,15 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         # before the model loads: a list or a DataFrame is refused, an IterableDataset read into a Dataset
         train_dataset = as_dataset(train_dataset, "train_dataset", self.config)
         eval_dataset = as_dataset(eval_dataset, "eval_dataset")
-        distributed.init_from_environment()  # under torchrun: join the process group (before loading a model)
+        distributed.init_from_environment(self.config.use_cpu)  # under torchrun: join the group (before the model)
         self.model, self.tokenizer = resolve_model_and_tokenizer(
-            model, processing_class, self.config.model_init_kwargs, quantization_config
+            model, processing_class, self.config.model_init_kwargs, quantization_config, self.config.use_cpu
         )
         if peft_config is not None:
             self.model = add_adapters(self.model, peft_config, self.config.seed)
         if getattr(self.model, "is_loaded_in_4bit", False) and not is_peft_model(self.model):
             raise ValueError("a 4-bit model cannot be updated itself: pass a peft_config (QLoRA trains adapters).")
-        self.model = distributed.local_device(self.model)
+        self.model = distributed.local_device(self.model, self.config.use_cpu)
         self.device = next(self.model.parameters()).device
         self.reward_funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, self.device)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
@@ -176,6 +178,10 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         self._tokens_generated = 0  # this rank's, in the current generation
         self.history: list[dict] = []
         self.completion_extras: dict[str, list] = {}  # the last generation's log_extra columns
+        # The last generation's prompts, completions, per-function rewards (and GRPO's advantages), row for row with
+        # the rollout the update trained on: what log_completions prints and writes (run.completions_log).
+        self.step_samples: dict = {}
+        self._sampled_rounds: list[tuple[list, list[str], torch.Tensor]] = []  # generate_and_score's, this generation
         self.output_dir = Path(self.config.output_dir)
         self._init_trl_api(callbacks)  # trainer.state and the callback list (run.trl_api)
         self.callback_handler.fire("on_init_end", self)
@@ -377,12 +383,14 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         config.dynamic_sampling, DAPO's refill (collect_informative_rollout). Under torchrun a rank that fails
         here stops every rank."""
         self._tokens_generated = 0
+        self._sampled_rounds = []
         with distributed.fail_together("the rollout"):
             if self.config.dynamic_sampling:
                 rollout, rewards, metrics = self.collect_informative_rollout()
             else:
                 rollout, rewards_per_func, rewards, metrics = self.generate_and_score(self.config.prompts_per_step)
                 metrics.update(self.rollout_metrics(rollout, rewards_per_func, rewards))
+                self._keep_samples()
         # after fail_together, never inside it: every rank must reach this collective, or none
         self.num_tokens += distributed.global_sum(torch.tensor(self._tokens_generated))
         return rollout, rewards.to(self.device), metrics
@@ -419,11 +427,28 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
             extras,
         )
         self.completion_extras = extras.extra_columns
+        self._sampled_rounds.append((prompts, rollout.completions, rewards_per_func))
         # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in collect_rollout
         self._tokens_generated += int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(extras.metric_means())  # what the reward functions logged with log_metric
         return rollout, rewards_per_func, rewards, metrics
+
+    def _keep_samples(self, rows: torch.Tensor | None = None) -> None:
+        """step_samples from this generation's rounds of generate_and_score: the rows `rows` (dynamic sampling's
+        kept completions) or all of them."""
+        prompts = [prompt for round_prompts, _, _ in self._sampled_rounds for prompt in round_prompts]
+        completions = [text for _, texts, _ in self._sampled_rounds for text in texts]
+        rewards_per_func = torch.cat([scores for _, _, scores in self._sampled_rounds])  # (rounds * N, F)
+        if rows is not None:
+            prompts, completions = [prompts[i] for i in rows.tolist()], [completions[i] for i in rows.tolist()]
+            rewards_per_func = rewards_per_func[rows]  # (N_kept, F)
+        self.step_samples = {
+            "prompt": prompts,
+            "completion": completions,
+            "rewards": {reward_func_name(f): rewards_per_func[:, i].tolist() for i, f in enumerate(self.reward_funcs)},
+            "extra": self.completion_extras,
+        }
 
     def rollout_metrics(self, rollout: Rollout, rewards_per_func: torch.Tensor, rewards: torch.Tensor) -> dict:
         """What the completions scored and how long they were (TRL's names)."""
@@ -447,11 +472,21 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         metrics = {"step": self.step, "epoch": self.state.epoch, "num_tokens": self.num_tokens, **metrics}
         self.history.append(metrics)
         self.callback_handler.fire("on_log", self, logs=metrics)
+        if self.config.log_completions:
+            self._log_completions()
         if not distributed.is_main_process():
             return
         self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.metrics_path, "a") as f:
             f.write(checkpoints.dumps(metrics) + "\n")  # valid JSON: a NaN metric is written as null
+
+    def _log_completions(self) -> None:
+        """log_completions: the last generation's completions (every process's, under torchrun), printed as a table
+        (the first num_completions_to_print) and appended to <output_dir>/completions.jsonl (run.completions_log)."""
+        rows = distributed.gather_lists(completion_rows(self.step, self.step_samples) if self.step_samples else [])
+        if distributed.is_main_process() and rows:
+            print_table(rows, self.step, self.config.num_completions_to_print)
+            append_jsonl(self.output_dir / COMPLETIONS_FILE, rows)
 
     # --- the update: what every algorithm's step shares ----------------------------------
     def loss_mask(self, rollout: Rollout) -> torch.Tensor:
@@ -548,6 +583,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         )
         if kept:
             metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
+        self._keep_samples(rows)
         return select_completions(generated, rows), rewards[rows], metrics
 
     # --- stages 3-4: the algorithm's own update ----------------------------------------
@@ -589,6 +625,8 @@ class GRPOTrainer(Trainer):
         ).flatten()  # (N,)
         loss_mask = self.loss_mask(rollout)  # (N, T)
         metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)
+        if self.step_samples:  # beside the completions they weigh (log_completions)
+            self.step_samples["advantage"] = advantages.tolist()
         N = len(advantages)
         step_slices = micro_batches(N, N * config.gradient_accumulation_steps // config.steps_per_generation)
         steps = [

@@ -8,9 +8,10 @@ them). Three kinds of TRL field need a rule, and each rule lives here:
   steps_per_generation, gradient_accumulation_steps and prompts_per_step are
   derived from whichever of them a config gives, as TRL derives them;
 - switches minigrpo accepts only at the value it implements (use_vllm, fp16,
-  remove_unused_columns, report_to, trust_remote_code, push_to_hub:
-  ``check_trl_switches``), kept as fields so that ``HfArgumentParser`` and
-  ``TrlParser`` read a TRL recipe that passes them;
+  remove_unused_columns, trust_remote_code, push_to_hub: ``check_trl_switches``),
+  kept as fields so that ``HfArgumentParser`` and ``TrlParser`` read a TRL
+  recipe that passes them, and the trackers report_to may name
+  (``requested_trackers``);
 - any other TRL keyword (``refuse_unknown_fields``): one clear error that
   names the field and says what minigrpo does instead.
 """
@@ -34,9 +35,6 @@ INSTEAD = {
     "fsdp_config": "minigrpo scales with torch.distributed (torchrun); see docs/scaling.md",
     "vllm_mode": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
     "hub_model_id": "save with trainer.save_model(path), then push that folder with huggingface_hub",
-    "log_completions": "completions are in the rollout; print a few with trainer.collect_rollout()",
-    "num_completions_to_print": "completions are in the rollout; print a few with trainer.collect_rollout()",
-    "run_name": "one run per output_dir; metrics go to <output_dir>/metrics.jsonl",
     "logging_strategy": "metrics are logged every logging_steps optimizer steps",
     "logging_first_step": "metrics are logged every logging_steps optimizer steps",
     "save_only_model": "checkpoints hold everything exact resume needs; trainer.save_model(path) writes the model",
@@ -45,12 +43,107 @@ INSTEAD = {
     "entropy_coef": "GRPO's loss has no entropy bonus here (PPOConfig has entropy_coef)",
     "sync_ref_model": "the reference model stays the policy at the start (DeepSeekMath)",
     "dataloader_num_workers": "prompts are read directly from the dataset; no data loader",
-    "use_cpu": "minigrpo picks the device itself: CUDA when there is a GPU, else the CPU",
+    # the optimizer and precision
+    "optim_args": "the optimizer is AdamW (adam_beta1, adam_beta2, weight_decay)",
+    "optim_target_modules": "the optimizer is AdamW over every trainable parameter (LoRA: pass peft_config)",
+    "tf32": "set torch.backends.cuda.matmul.allow_tf32 yourself before training",
+    "bf16_full_eval": "evaluation runs in the training precision (bf16 where the GPU has native bf16)",
+    "fp16_full_eval": "evaluation runs in the training precision (bf16 where the GPU has native bf16)",
+    "label_smoothing_factor": "GRPO's loss has no labels to smooth",
+    "neftune_noise_alpha": "GRPO samples its own completions; there are no embeddings of labels to perturb",
+    "auto_find_batch_size": "lower per_device_train_batch_size (the same gradient, less memory)",
+    "average_tokens_across_devices": "loss_type='dapo' already divides by the tokens of every process",
+    "router_aux_loss_coef": "minigrpo trains dense models (Qwen2)",
+    "cast_lm_head_to_fp32": "log-probs are computed in fp32 (logprob_chunk_size bounds their memory)",
+    "activation_checkpointing": "set gradient_checkpointing=True",
+    "activation_checkpointing_kwargs": "gradient_checkpointing=True always uses non-reentrant checkpointing",
+    "liger_kernel_config": "log-probs are computed in chunks (logprob_chunk_size) instead",
+    "use_cache": "generation always uses the KV cache; fast_generation=True uses a static one on a GPU",
+    "torch_empty_cache_steps": "memory is bounded by per_device_train_batch_size and logprob_chunk_size",
+    "pad_to_multiple_of": "prompts are left-padded to the longest in the batch",
+    # generation
+    "generation_kwargs": "set temperature, top_p, top_k, min_p and repetition_penalty (fields of GRPOConfig)",
+    "chat_template_kwargs": "prompts are rendered with the tokenizer's chat template as it is",
+    "cache_implementation": "set fast_generation=True for a static KV cache on a GPU",
+    "max_tool_calling_iterations": "completions are single turns; tool use is TRL's (lesson 08)",
+    # logging and evaluation
+    "log_level": "use Python's logging for transformers (transformers.logging.set_verbosity_*)",
+    "log_level_replica": "under torchrun only the main process prints and logs",
+    "log_on_each_node": "under torchrun only the main process prints and logs",
+    "logging_nan_inf_filter": "a NaN or inf loss stops the run with its likely cause (NonFiniteError)",
+    "include_num_input_tokens_seen": "num_tokens is always logged, and trainer.state.num_input_tokens_seen",
+    "disable_tqdm": "the progress bar is shown on the main process; redirect or ignore stderr",
+    "log_multimodal": "minigrpo trains text models",
+    "log_unique_prompts": "log_completions writes every completion; filter completions.jsonl by prompt",
+    "log_completions_hub_repo": "log_completions writes <output_dir>/completions.jsonl; upload it with huggingface_hub",
+    "eval_delay": "set eval_steps (0 = only at the end)",
+    "eval_on_start": "call trainer.evaluate() before trainer.train()",
+    "prediction_loss_only": "evaluation reports eval_reward, eval_rewards/<name>/mean and eval_accuracy",
+    "include_for_metrics": "evaluation reports eval_reward, eval_rewards/<name>/mean and eval_accuracy",
+    "batch_eval_metrics": "evaluation reports eval_reward, eval_rewards/<name>/mean and eval_accuracy",
+    "eval_do_concat_batches": "evaluation is greedy, eval_batch_size prompts per generate call",
+    "eval_use_gather_object": "evaluation is greedy, eval_batch_size prompts per generate call",
+    "eval_accumulation_steps": "evaluation is greedy, eval_batch_size prompts per generate call",
+    "load_best_model_at_end": "every checkpoint's log_history holds eval_accuracy: load the best with from_pretrained",
+    "metric_for_best_model": "every checkpoint's log_history holds eval_accuracy: load the best with from_pretrained",
+    "greater_is_better": "every checkpoint's log_history holds eval_accuracy: load the best with from_pretrained",
+    # checkpoints and resume
+    "save_on_each_node": "the main process writes every checkpoint",
+    "enable_jit_checkpoint": "SIGTERM and Ctrl-C already save a checkpoint before stopping",
+    "ignore_data_skip": "a resume restores the prompt sampler's position exactly (allow_dataset_change for a new set)",
+    "restore_callback_states_from_checkpoint": "re-add your callbacks to the resumed trainer",
+    "full_determinism": "a run is determined by seed (every sampling group has its own seeded generator)",
+    "data_seed": "seed decides the prompt order too (shuffle_dataset=False keeps the dataset's order)",
+    # the data
+    "label_names": "GRPO has no labels: reward functions receive the dataset's columns",
+    "train_sampling_strategy": "prompts are drawn in a seeded permutation per epoch (shuffle_dataset)",
+    "length_column_name": "prompts are drawn in a seeded permutation per epoch (shuffle_dataset)",
+    # processes
+    "accelerator_config": "minigrpo runs under torchrun (plain PyTorch DDP); see docs/scaling.md",
+    "parallelism_config": "minigrpo runs under torchrun (plain PyTorch DDP; fsdp=True shards the policy)",
+    "local_rank": "torchrun sets LOCAL_RANK; minigrpo reads it",
+    "debug": "run one process with python -X faulthandler, or torchrun's own --log-dir",
+    "skip_memory_metrics": "measure memory with minigrpo.measuring (bench/memory.py)",
+    "do_train": "call trainer.train()",
+    "do_eval": "call trainer.evaluate(), or give eval_dataset (eval_strategy='steps')",
+    "do_predict": "sample completions with trainer.collect_rollout() or minigrpo.run.evaluation",
+    "ds3_gather_for_generation": "DeepSpeed ZeRO-3 is TRL's domain (lesson 08)",
+    "hub_token": "log in with huggingface_hub (hf auth login) and push a saved folder yourself",
+    # the algorithm: variants minigrpo does not implement
+    "delta": "two-sided clipping is epsilon / epsilon_high; the upper bound delta is not implemented",
+    "multi_objective_aggregation": "rewards are the weighted sum of the functions (reward_weights)",
+    "ref_model_mixup_alpha": "the reference model stays the policy at the start (DeepSeekMath)",
+    "ref_model_sync_steps": "the reference model stays the policy at the start (DeepSeekMath)",
+    "top_entropy_quantile": "every completion token counts in the loss (mask_truncated_completions drops cut-offs)",
+    "use_adaptive_entropy": "GRPO's loss has no entropy bonus here (PPOConfig has entropy_coef)",
+    "off_policy_mask_threshold": "every token counts; num_iterations > 1 keeps the clipped ratio for off-policy steps",
+    "use_transformers_continuous_batching": "minigrpo generates with model.generate (fast_generation on a GPU)",
+    "transformers_continuous_batching_config": "minigrpo generates with model.generate (fast_generation on a GPU)",
+    "use_transformers_paged": "minigrpo generates with model.generate (fast_generation on a GPU)",
 }
+
+INSTEAD_BY_PREFIX = {
+    "vllm_": "minigrpo generates with model.generate; vLLM is TRL's domain (lesson 08)",
+    "ddp_": "torchrun and minigrpo set up DDP (gloo on the CPU, nccl on GPUs); see docs/scaling.md",
+    "dataloader_": "prompts are read directly from the dataset; no data loader",
+    "hub_": "save with trainer.save_model(path), then push that folder with huggingface_hub",
+    "torch_compile_": "set fast_generation=True for the compiled decoding path on a GPU",
+    "sapo_": "loss_type is one of 'grpo', 'bnpo', 'dr_grpo', 'dapo' (SAPO is TRL's)",
+    "vespo_": "loss_type is one of 'grpo', 'bnpo', 'dr_grpo', 'dapo' (VESPO is TRL's)",
+    "entropy_": "GRPO's loss has no entropy bonus here (PPOConfig has entropy_coef)",
+}
+"""What minigrpo does instead, for a family of fields (those INSTEAD does not name)."""
+
+
+def instead_of(field_name: str) -> str | None:
+    """What minigrpo does instead of TRL's field (INSTEAD, else INSTEAD_BY_PREFIX), or None."""
+    if field_name in INSTEAD:
+        return INSTEAD[field_name]
+    return next((text for prefix, text in INSTEAD_BY_PREFIX.items() if field_name.startswith(prefix)), None)
 
 
 def refused_field_message(config_name: str, field_name: str) -> str:
-    instead = INSTEAD.get(field_name)
+    instead = instead_of(field_name)
     reason = f"minigrpo does not implement it: {instead}." if instead else "minigrpo does not implement it."
     return (
         f"{config_name} got {field_name}=...: that is a TRL / transformers field (or a typo), and {reason} "
@@ -102,12 +195,30 @@ def check_trl_switches(config) -> None:
             "push_to_hub=True: minigrpo does not upload. Save with trainer.save_model(path), then push that folder "
             "with huggingface_hub (HfApi().upload_folder)."
         )
-    if config.report_to not in ("none", None, [], ["none"]):
+    requested_trackers(config.report_to)  # an unknown tracker name fails here, before a model loads
+
+
+# --- report_to: the experiment trackers -------------------------------------------------
+TRACKERS = ("tensorboard", "wandb", "trackio")
+"""The trackers report_to accepts: those whose transformers callback fits minigrpo's config and state."""
+
+
+def requested_trackers(report_to) -> list[str]:
+    """report_to as a list of tracker names, as transformers reads it: "none", None or [] -> [], a name -> [name],
+    "all" -> ["all"] (run.trackers resolves it to the installed trackers). An unknown name is one clear error."""
+    if report_to is None or report_to == "none":
+        return []
+    names = [report_to] if isinstance(report_to, str) else [name for name in report_to if name != "none"]
+    if names == ["all"]:
+        return names
+    unknown = [name for name in names if name not in TRACKERS]
+    if unknown:
         raise ValueError(
-            f"report_to={config.report_to!r}: minigrpo logs to <output_dir>/metrics.jsonl and "
-            "trainer.state.log_history only. Set report_to='none' (plot with "
-            "minigrpo.course.plots.plot_training_curves)."
+            f"report_to={report_to!r}: minigrpo reports to {', '.join(TRACKERS)} (or 'all' of those installed, "
+            f"or 'none'), not {', '.join(map(repr, unknown))}. Every logged row is also in <output_dir>/metrics.jsonl "
+            "and trainer.state.log_history, for any other tool to read."
         )
+    return names
 
 
 # --- the batch fields ----------------------------------------------------------------

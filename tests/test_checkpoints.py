@@ -220,7 +220,7 @@ def test_history_nan_round_trips_as_null(tmp_path):
 
 
 def test_changed_run_fields_lists_what_defines_the_run():
-    # the paper's constant learning rate: max_steps is then free to change (with TRL's linear decay it is not)
+    # max_steps is free to change under every schedule (the linear decay is recomputed: run.schedule)
     model = torch.nn.Linear(2, 2)
     saved = checkpoints.run_args(GRPOConfig.deepseekmath(prompts_per_step=16), model, ["correctness_reward"])
     assert changed_run_fields(saved, saved) == []
@@ -246,7 +246,7 @@ def test_changed_run_fields_lists_what_defines_the_run():
     ]
     linear = checkpoints.run_args(GRPOConfig(lr_scheduler_type="linear", max_steps=100), model, [])
     longer = checkpoints.run_args(GRPOConfig(lr_scheduler_type="linear", max_steps=200), model, [])
-    assert changed_run_fields(linear, longer) == ["max_steps: 100 -> 200"]  # the decay ends at max_steps
+    assert changed_run_fields(linear, longer) == []  # the decay is recomputed for the new max_steps, as in transformers
     # a field only one side knows is named (tests/test_run_safety_3.py: fields an older release did not record)
     unknown = changed_run_fields({**saved, "config": {**saved["config"], "a_field_from_elsewhere": 1}}, saved)
     assert unknown == ["a_field_from_elsewhere: 1 -> a field this minigrpo does not know (a newer one wrote it)"]

@@ -28,13 +28,17 @@ LOSS_TYPES = ("grpo", "dapo", "bnpo", "dr_grpo")
 TOLERANCE = 1e-5
 
 
-def launch(nproc: int | None, out: Path, runs: list[dict]) -> dict:
-    """torchrun --nproc-per-node nproc tests/distributed_worker.py (nproc None: plain python, no torchrun);
+def launch(nproc: int | None, out: Path, runs: list[dict], launcher: str = "torchrun") -> dict:
+    """torchrun --nproc-per-node nproc tests/distributed_worker.py (nproc None: plain python, no torchrun; launcher
+    "accelerate": accelerate launch --multi_gpu --num_processes nproc, which on a CPU is torchrun's launcher too);
     returns rc, output and seconds."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.setdefault("OMP_NUM_THREADS", "1")
     command = [sys.executable]
-    if nproc is not None:
+    if launcher == "accelerate":
+        command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc)]
+        command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # no config file
+    elif nproc is not None:
         command += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--standalone"]
     command += [str(ROOT / "tests" / "distributed_worker.py"), str(out), json.dumps(runs)]
     started = time.perf_counter()
@@ -66,10 +70,18 @@ def two_processes(tmp_path_factory):
         {"name": "fsdp", "config": {"fsdp": True}},
         {"name": "fsdp-resume", "config": {"fsdp": True, "max_steps": 2}},
         {"name": "fsdp-resume", "config": {"fsdp": True}, "resume": True},
+        {"name": "report", "config": {"max_steps": 1, "report_to": "tensorboard", "log_completions": True}},
         {"name": "mismatch", "config_by_rank": {"1": {"max_steps": 5, "learning_rate": 1e-4}}, "expect_error": True},
         {"name": "fail", "fail_on_rank": 1},  # last: it ends the launch
     ]
     return launch(2, tmp_path_factory.mktemp("k2"), runs)
+
+
+@pytest.fixture(scope="module")
+def accelerate_two_processes(tmp_path_factory):
+    pytest.importorskip("accelerate")
+    runs = [{"name": "grpo", "config": {"loss_type": "grpo"}}]
+    return launch(2, tmp_path_factory.mktemp("accelerate"), runs, launcher="accelerate")
 
 
 def result(launched: dict, name: str, rank: int = 0) -> dict:
@@ -106,6 +118,25 @@ def test_plain_python_and_torchrun_with_one_or_two_processes_train_the_same_weig
     assert max_difference(plain["weights"], single["weights"]) < TOLERANCE
     assert max_difference(plain["weights"], pair["weights"]) < TOLERANCE
     assert [h["reward"] for h in plain["history"]] == pytest.approx([h["reward"] for h in pair["history"]], abs=1e-6)
+
+
+def test_accelerate_launch_trains_exactly_as_torchrun(accelerate_two_processes, two_processes):
+    # TRL's launcher: the same script, the same two processes (accelerate launch hands them to torchrun's launcher)
+    torchrun = result(two_processes, "grpo")
+    for rank in (0, 1):
+        launched = result(accelerate_two_processes, "grpo", rank)
+        assert max_difference(launched["weights"], torchrun["weights"]) == 0.0
+        assert [h["loss"] for h in launched["history"]] == [h["loss"] for h in torchrun["history"]]
+
+
+def test_only_the_main_process_reports_and_log_completions_gathers_every_process(two_processes):
+    pytest.importorskip("tensorboard")
+    result(two_processes, "report", 1)  # both ranks finished the run
+    run_dir = two_processes["out"] / "report"
+    assert len(list(run_dir.glob("runs/*/events.out.tfevents.*"))) == 1  # rank 0's writer only
+    rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and {row["step"] for row in rows} == {1}  # 4 prompts x G=4: both ranks' 8, once
+    assert [row["prompt"] for row in rows[::4]] != [rows[0]["prompt"]] * 4  # 4 groups, each with its own prompt
 
 
 def test_resume_under_two_processes_continues_exactly(two_processes):

@@ -106,7 +106,7 @@ def test_max_steps_from_epochs_follows_trls_count():
         ("use_vllm", True, "model.generate"),
         ("fp16", True, "overflow"),
         ("remove_unused_columns", True, "reward functions receive"),
-        ("report_to", "wandb", "metrics.jsonl"),
+        ("report_to", "mlflow", "metrics.jsonl"),
         ("optim", "adamw_8bit", "AdamW"),
         ("deepspeed", "ds.json", "torchrun"),
         ("num_generationz", 8, "typo"),

@@ -66,6 +66,7 @@ STATE_FILE = "trainer_state.pt"
 HISTORY_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
 METRICS_FILE = "metrics.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"  # log_completions=True (run.completions_log)
 ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's file of a LoRA policy's adapter weights
 LOCK_FILE = ".minigrpo.lock"
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")
@@ -213,10 +214,11 @@ whenever GRPOConfig (or PPOConfig) gains a field."""
 def changed_run_fields(saved: dict, current: dict) -> list[str]:
     """The training-defining differences between two run_args(), as "name: saved -> current" lines.
 
-    Fields in config.RESUME_FREE_FIELDS (run length, logging, memory knobs) may change on a resume; max_steps
-    defines the run when the learning rate decays linearly to 0 at max_steps. A field the checkpoint lacks (it
-    was written by an older minigrpo) counts as the value its release used (FIELDS_ADDED), and is named as a
-    change when that is not known; so is a field this minigrpo does not know (a newer one wrote the checkpoint).
+    Fields in config.RESUME_FREE_FIELDS (run length, logging, memory knobs) may change on a resume: a longer (or
+    shorter) max_steps continues the run under every schedule; a linear decay is then recomputed for the new
+    max_steps, as transformers' Trainer recomputes it (run.schedule.schedule_change_note). A field the checkpoint
+    lacks (it was written by an older minigrpo) counts as the value its release used (FIELDS_ADDED), and is named
+    as a change when that is not known; so is a field this minigrpo does not know (a newer one wrote the checkpoint).
     """
     changes = [
         f"{key}: {saved[key]!r} -> {current[key]!r}"
@@ -234,8 +236,6 @@ def changed_run_fields(saved: dict, current: dict) -> list[str]:
         changes.append(f"peft_config: not recorded (minigrpo before 0.3.0) -> {new_peft!r}")
     old, new = saved.get("config", {}), current["config"]
     free = set(RESUME_FREE_FIELDS)
-    if "linear" in (old.get("lr_scheduler_type"), new.get("lr_scheduler_type")):
-        free.discard("max_steps")
     for name in sorted(old.keys() - new.keys() - free):
         changes.append(f"{name}: {old[name]!r} -> a field this minigrpo does not know (a newer one wrote it)")
     for name in sorted(new.keys() - free):
@@ -678,6 +678,7 @@ def find_resumable(
 # --- the output folder: one run at a time -----------------------------------------------------
 RUN_OUTPUTS = (
     METRICS_FILE,
+    COMPLETIONS_FILE,
     "final",  # python -m minigrpo train's final model
     "trainer_state.json",  # save_state() (a checkpoint's own trainer_state.json is inside checkpoint-N)
     "all_results.json",  # save_metrics()

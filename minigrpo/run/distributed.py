@@ -48,6 +48,7 @@ import hashlib
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -83,17 +84,34 @@ def launched_by_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def init_from_environment() -> bool:
+def one_process_of_several() -> str | None:
+    """What to say when `accelerate launch --num_processes K` (K > 1) started this script as ONE process: without
+    --multi_gpu, accelerate's plain launcher expects MPI for several CPU processes, and on a machine without GPUs it
+    starts a single process (it sets MASTER_ADDR, but no RANK). None otherwise."""
+    if "ACCELERATE_USE_CPU" not in os.environ or "MASTER_ADDR" not in os.environ or "RANK" in os.environ:
+        return None
+    return (
+        "accelerate launch started this script as one process, not several: on a machine without GPUs pass "
+        "--multi_gpu (accelerate launch --multi_gpu --num_processes K script.py hands the processes to torchrun's "
+        "launcher, which works on the CPU with gloo), or run torchrun --nproc-per-node K script.py. This run trains "
+        "in one process (the same updates, one process doing all the work)."
+    )
+
+
+def init_from_environment(use_cpu: bool = False) -> bool:
     """Join the process group torchrun describes in the environment: nccl on CUDA, gloo on the CPU.
 
     Does nothing outside torchrun or when a group already exists (a user's
     script may have made its own). On CUDA, rank r of a node uses GPU
     LOCAL_RANK, so that "cuda" means that GPU from here on. The group we make
-    is destroyed at exit (teardown). Returns whether a group exists.
+    is destroyed at exit (teardown). Returns whether a group exists. use_cpu: gloo even where there are GPUs.
     """
+    note = None if launched_by_torchrun() else one_process_of_several()
+    if note:
+        warnings.warn(note, stacklevel=3)
     if is_distributed() or not launched_by_torchrun():
         return is_distributed()
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not use_cpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl")
     else:
@@ -114,8 +132,11 @@ def barrier() -> None:
         dist.barrier()
 
 
-def local_device(model: torch.nn.Module) -> torch.nn.Module:
-    """The model on this rank's GPU: a model loaded to "cuda" before the group existed sits on GPU 0 everywhere."""
+def local_device(model: torch.nn.Module, use_cpu: bool = False) -> torch.nn.Module:
+    """The model on this rank's GPU: a model loaded to "cuda" before the group existed sits on GPU 0 everywhere.
+    use_cpu: on the CPU, wherever it was."""
+    if use_cpu:
+        return model.to("cpu")
     if is_distributed() and torch.cuda.is_available():
         return model.to(torch.device("cuda", torch.cuda.current_device()))
     return model
@@ -252,6 +273,15 @@ def map_shards(fn: Callable[[list], list], items: list) -> list:
     results: list[list] = [None] * K
     dist.all_gather_object(results, fn(padded[rank() * per_rank : (rank() + 1) * per_rank]))
     return [result for shard in results for result in shard][: len(items)]
+
+
+def gather_lists(items: list) -> list:
+    """Every rank's `items`, concatenated in rank order, on every rank (a collective: every rank must call it)."""
+    if not is_distributed():
+        return items
+    gathered: list[list] = [None] * world_size()
+    dist.all_gather_object(gathered, items)
+    return [item for shard in gathered for item in shard]
 
 
 # --- failures: every rank stops, none waits ------------------------------------------------------

@@ -21,10 +21,12 @@ import torch
 from minigrpo.models import is_peft_model
 from minigrpo.rewards import reward_func_name
 from minigrpo.run import checkpoints, distributed
-from minigrpo.run.checkpoints import METRICS_FILE, CheckpointError
+from minigrpo.run.checkpoints import COMPLETIONS_FILE, METRICS_FILE, CheckpointError
+from minigrpo.run.completions_log import keep_steps_up_to
 from minigrpo.run.datasets import dataset_record
 from minigrpo.run.distributed import tie_weights
 from minigrpo.run.metrics import average_metrics
+from minigrpo.run.schedule import schedule_change_note
 
 
 @contextlib.contextmanager
@@ -249,12 +251,16 @@ class CheckpointMixin:
         checkpoints.set_rng_state(state["rng"])
         self.step, self.history = state["step"], state["history"]
         self.set_learning_rate(self.step)  # the schedule is a function of the step: nothing else to restore
+        note = schedule_change_note(state["args"].get("config", {}), self.config, self.step, self.max_steps)
+        if note and distributed.is_main_process():
+            print(note)
         # TRL's num_tokens goes on from the last logged count (metrics logged before num_tokens existed: 0)
         self.num_tokens = next((int(row["num_tokens"]) for row in reversed(self.history) if "num_tokens" in row), 0)
         if distributed.is_main_process():
             self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.metrics_path, "w") as f:  # drop lines logged after the checkpoint
                 f.writelines(checkpoints.dumps(m) + "\n" for m in self.history)
+            keep_steps_up_to(self.output_dir / COMPLETIONS_FILE, self.step)  # log_completions' rows, likewise
             print(f"resumed from {path} at step {self.step}")
 
     def _apply_config_to_optimizer(self) -> None:

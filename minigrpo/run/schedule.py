@@ -88,6 +88,28 @@ def lr_at(step: int, config: GRPOConfig, max_steps: int, base_lr: float | None =
     return base
 
 
+def schedule_change_note(saved_config: dict, config: GRPOConfig, step: int, max_steps: int) -> str | None:
+    """The line a resume prints when a linear decay is recomputed for a new run length (None otherwise).
+
+    The rule is transformers' (its Trainer builds the scheduler for the new max_steps on resume and restores only the
+    step): the rate of step s is lr_at(s) for the NEW max_steps, base_lr x (max_steps - s) / (max_steps - warmup),
+    so an extended run's rate steps up at the resumed step and decays to 0 at the new end. saved_config: the
+    checkpoint's config (its max_steps and num_train_epochs are compared with config's)."""
+    if config.lr_scheduler_type != "linear":
+        return None
+    changed = [
+        f"{name} {saved_config[name]!r} -> {getattr(config, name)!r}"
+        for name in ("max_steps", "num_train_epochs")
+        if name in saved_config and saved_config[name] != getattr(config, name)
+    ]
+    if not changed or (config.max_steps > 0 and "max_steps" not in changed[0]):
+        return None  # the same run length (num_train_epochs does not count when max_steps is given)
+    return (
+        f"resuming with {changed[0]}: the linear decay is recomputed for {max_steps} steps, as transformers does on "
+        f"resume: learning rate {lr_at(step, config, max_steps):.3g} at step {step}, decaying to 0 at step {max_steps}"
+    )
+
+
 def micro_batches(num_rows: int, size: int) -> list[slice]:
     """[0, size), [size, 2 size), ...: the row slices of the micro-batches (the last may be shorter)."""
     return [slice(start, start + size) for start in range(0, num_rows, size)]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.callbacks import CallbackHandler
+from minigrpo.run.trackers import reporting_callbacks, resolve_trackers
 
 if TYPE_CHECKING:  # imported where train() returns: transformers.trainer_utils pulls in peft (and bitsandbytes)
     from transformers.trainer_utils import TrainOutput
@@ -26,8 +27,11 @@ class TrainerState:
 
     def __init__(self, trainer):
         self._trainer = trainer
-        self.best_metric = None  # transformers' fields that minigrpo does not track
-        self.best_model_checkpoint = None
+        self.best_metric = None  # transformers' fields that minigrpo does not track (the trackers' callbacks read
+        self.best_model_checkpoint = None  # some of them)
+        self.is_hyper_param_search = False
+        self.trial_name = None
+        self.total_flos = 0.0
 
     @property
     def global_step(self) -> int:
@@ -85,14 +89,37 @@ class TrlTrainerMixin:
     optimizer_steps_per_generation and the state TrainerState reads)."""
 
     def _init_trl_api(self, callbacks) -> None:
-        """trainer.state and the callback list (transformers' TrainerCallback protocol, run.callbacks)."""
+        """trainer.state and the callback list (transformers' TrainerCallback protocol, run.callbacks): the
+        trackers' callbacks of config.report_to first (run.trackers; on the main process only, as the rows it logs
+        are the run's), then the user's, as in transformers."""
         self.state = TrainerState(self)
-        self.callback_handler = CallbackHandler(callbacks)
+        config = self.config
+        if distributed.is_main_process():
+            trackers = reporting_callbacks(config.report_to, config.logging_dir)
+        else:
+            trackers = []
+            resolve_trackers(config.report_to)  # a missing tracker fails on every process alike
+        self.callback_handler = CallbackHandler([*trackers, *(callbacks or [])])
 
     @property
     def args(self):
         """The config, under TRL's name (``trainer.args``)."""
         return self.config
+
+    @property
+    def accelerator(self):
+        """An ``accelerate.Accelerator`` for what a TRL script calls on it (``trainer.accelerator.print``,
+        ``is_main_process``, ``wait_for_everyone``, ``device``), made on first use: importing minigrpo does not import
+        accelerate, which stays optional. minigrpo's own loop does not go through it (plain PyTorch, torchrun)."""
+        if getattr(self, "_accelerator", None) is None:
+            try:
+                from accelerate import Accelerator
+            except ImportError:
+                raise ImportError(
+                    "trainer.accelerator needs accelerate: pip install accelerate (minigrpo's loop itself does not)."
+                ) from None
+            self._accelerator = Accelerator(cpu=self.config.use_cpu)
+        return self._accelerator
 
     @property
     def processing_class(self):
