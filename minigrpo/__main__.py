@@ -61,12 +61,14 @@ FLAG_GROUPS = {
         "max_grad_norm", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
         "seed",
     ),
-    "memory and precision (TrainingArguments)": ("bf16", "fp16", "gradient_checkpointing", "fsdp"),
+    "memory and precision (TrainingArguments)": ("bf16", "fp16", "gradient_checkpointing", "fsdp", "use_cpu"),
     "logging, evaluation and saving (TrainingArguments)": (
-        "output_dir", "overwrite_output_dir", "logging_steps", "logging_dir", "report_to", "eval_strategy",
+        "output_dir", "overwrite_output_dir", "logging_steps", "logging_dir", "report_to", "run_name", "project",
+        "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "hub_private_repo", "eval_strategy",
         "eval_steps", "eval_batch_size", "save_strategy", "save_steps", "save_total_limit", "resume_from_checkpoint",
         "push_to_hub",
     ),
+    "completions (TRL)": ("log_completions", "num_completions_to_print"),
 }  # fmt: skip
 
 
