@@ -1,6 +1,7 @@
 """log_completions=True: every logging step prints the last generation's prompts, completions, per-function rewards
 and advantages as a table (the first num_completions_to_print) and appends them all to completions.jsonl."""
 
+import importlib.util
 import json
 import math
 
@@ -41,9 +42,12 @@ def test_a_run_prints_the_table_and_writes_every_completion_with_its_rewards_and
     assert [row["advantage"] for row in last] == pytest.approx(expected.tolist(), abs=1e-6)
     assert all(row["prompt"] == last[0]["prompt"] for row in last[:4])  # the first rows are one whole group
 
-    printed = capsys.readouterr().out  # rich's table (a dependency of transformers 5), as TRL prints it
+    printed = capsys.readouterr().out
     assert printed.count("Step 1") == 1 and printed.count("Step 2") == 1
-    assert printed.count("├") == 2 * 2  # 3 rows each (num_completions_to_print): 2 lines between them
+    if importlib.util.find_spec("rich"):  # rich's table (a dependency of transformers 5), as TRL prints it
+        assert printed.count("├") == 2 * 2  # 3 rows each (num_completions_to_print): 2 lines between them
+    else:  # the plain-text table (transformers 4 brings no rich): a line a row
+        assert sum(line.startswith("user: ") for line in printed.splitlines()) == 2 * 3
     assert "advantage" in printed and last[0]["completion"][:10] in printed
 
 

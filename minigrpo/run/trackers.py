@@ -53,7 +53,7 @@ def reporting_callbacks(report_to, logging_dir: str | None = None) -> list:
     from transformers.integrations import get_reporting_integration_callbacks  # here: only a run that reports pays
 
     callbacks = [callback_class() for callback_class in get_reporting_integration_callbacks(names)]
-    for callback in callbacks:
-        if hasattr(callback, "tb_writer") and callback.logging_dir is None and logging_dir is not None:
+    for callback in callbacks:  # transformers 5's TensorBoardCallback has a logging_dir; 4.x reads args.logging_dir
+        if hasattr(callback, "tb_writer") and getattr(callback, "logging_dir", None) is None and logging_dir:
             callback.logging_dir = os.path.expanduser(logging_dir)
     return callbacks
