@@ -17,6 +17,10 @@ folder for the files it exchanges with the kernel. For each check the judge
    the kernel runs each call under a watch for the check's references
    (`references.ReferenceWatch`), and a check whose function ran one scores 0.
 
+Its random cases draw their inputs from a secret it draws itself at every grading (`framework.drawn_from`):
+the kernel never sees it, so a notebook that recorded a check's answers (in its own run, or in another grading)
+holds the answers to other questions. Only the hand-made cases are the same every time.
+
 It does all of this by the request's deadline: each check gets an equal share of the
 time left when it starts, and a case gets what is left of its check's share
 (`framework.run_case`), so a learner's function that loops costs its own check's
@@ -36,12 +40,13 @@ import contextlib
 import hashlib
 import hmac
 import json
+import secrets
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate, judged_cells
+from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, drawn_from, evaluate, judged_cells
 from minigrpo.grading.references import source_reference_reason, watch_list
 from minigrpo.grading.remote import Kernel, KernelFunction, describe
 
@@ -73,10 +78,13 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str],
     return result.to_dict()
 
 
-def judge(request: dict, done=None) -> list[dict]:
-    """Every requested check of one notebook, judged against its kernel; done(records so far) after each check."""
+def judge(request: dict, done=None, secret: bytes | None = None) -> list[dict]:
+    """Every requested check of one notebook, judged against its kernel; done(records so far) after each check.
+
+    secret: what the random cases draw from (`framework.drawn_from`); None, the default, draws a new one here."""
     cells = request["cells"]
     with contextlib.ExitStack() as stack:
+        stack.enter_context(drawn_from(secret or secrets.token_bytes(32)))
         workdir = request.get("workdir") or stack.enter_context(tempfile.TemporaryDirectory(prefix="minigrpo-judge-"))
         kernel = Kernel(request["connection"], request["kernel_pid"], Path(workdir))
         checks = [check for check in request["checks"] if check in CASES]
