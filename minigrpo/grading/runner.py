@@ -120,6 +120,7 @@ class Submission:
 
     path: Path
     student: str
+    folder: Path | None = None  # the graded folder it was found in: nothing outside it is read (None: path alone)
 
 
 @dataclass
@@ -462,14 +463,17 @@ def _limit_words(limit: float, exercise: str | None, explicit: bool) -> str:
     return f"{limit:g} s ({TIME_LIMIT_FACTOR}x the {solution:g} s its solution takes to grade; --timeout sets another)"
 
 
-def _read(path: Path):
-    """(the notebook, None), or (None, why it cannot be read)."""
+def _read(path: Path, folder: Path | None = None):
+    """(the notebook, None), or (None, why it cannot be read): the error's type, never what the file holds."""
     import nbformat  # lazy, like the kernels module: an optional dependency
 
     try:
-        return nbformat.reads(read_notebook(path), as_version=4), None
+        return nbformat.reads(read_notebook(path, folder), as_version=4), None
+    except NotebookRefused as refused:
+        return None, f"cannot read {printable(str(path))}: {refused}"
     except Exception as error:  # this notebook scores 0; the others are still graded
-        reason = str(error) if isinstance(error, NotebookRefused) else last_traceback_line(error)
+        # nbformat's messages quote the file's text: the type is enough to say what to fix
+        reason = f"{type(error).__name__}: not a notebook in Jupyter's format (JSON, nbformat 4)"
         return None, f"cannot read {printable(str(path))}: {reason}"
 
 
@@ -494,7 +498,7 @@ async def _grade_notebook(
     submission: Submission, timeout: float | None, jobs: int, workdir: Path, interrupts: Interrupts
 ) -> NotebookReport:
     started = time.monotonic()
-    nb, unreadable = _read(submission.path)
+    nb, unreadable = _read(submission.path, submission.folder)
     report = _identified_report(submission, nb, timeout)
     checks = graded_checks(nb, report.exercise)
     if nb is None or report.status == "refused":
