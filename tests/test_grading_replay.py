@@ -11,7 +11,9 @@ import copy
 import hashlib
 import hmac
 import secrets
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 from test_grading import CHECKS  # the package's reference for every check but the capstone's
@@ -196,3 +198,99 @@ def _answers_per_case(per_case: list, recorder: Recorder) -> list[str]:
         start += len(fingerprints)
         digests.append(_fingerprint([(answer, sorted(gradients.items())) for _, answer, gradients in calls]))
     return digests
+
+
+# --- graded notebooks: a replay of exercise 05, and checks called by other names -----------------------
+SOLVED_KL = """import torch
+
+
+def kl_k3(per_token_logps, ref_per_token_logps):
+    log_r = ref_per_token_logps - per_token_logps  # (N, T)
+    return torch.exp(log_r) - log_r - 1
+"""
+REPLAY_KL = """import importlib
+
+import torch
+
+losses = importlib.import_module("minigrpo." + "loss" + "es")  # names built from strings: no import to read
+framework = importlib.import_module("minigrpo.grading.framework")
+reference = getattr(losses, "kl_" + "penalty")
+answers = []
+
+
+def recorder(logps, ref):
+    value = reference(logps, ref, "k3")
+    gradient = torch.autograd.grad(value.sum(), logps, retain_graph=True)[0] if logps.requires_grad else None
+    answers.append((value.detach().clone(), gradient))
+    return value
+
+
+for case in framework.CASES["check_kl_k3"]():  # the check's own cases, run now, while nothing watches
+    case.run(recorder)
+played = []
+
+
+def kl_k3(per_token_logps, ref_per_token_logps):
+    value, gradient = answers[len(played) % len(answers)]
+    played.append(1)
+    value = value.clone()
+    if gradient is not None and per_token_logps.requires_grad and gradient.shape == per_token_logps.shape:
+        pull = (per_token_logps * gradient).sum()  # carries the recorded gradient
+        value = value + (pull - pull.detach()) / value.numel()
+    return value
+"""
+STAMP = nbformat.read(Path(__file__).parents[1] / "solutions" / "05_kl_k3_estimator.ipynb", as_version=4).metadata[
+    "minigrpo"
+]
+"""The handout's stamp: which exercise, which version."""
+NOTEBOOKS = {
+    "replays": (REPLAY_KL, "from minigrpo.grading import check_kl_k3\n\ncheck_kl_k3(kl_k3)"),
+    "aliased": (SOLVED_KL, "from minigrpo.grading import check_kl_k3 as check\n\ncheck(kl_k3)"),
+    "by_getattr": (SOLVED_KL, 'import minigrpo.grading as g\n\ngetattr(g, "check_" + "kl_k3")(kl_k3)'),
+}
+
+
+def write_notebooks(folder) -> list:
+    """The notebooks above, each stamped as exercise 05 (as its handout is), in `folder`: their paths."""
+    paths = []
+    for name, cells in NOTEBOOKS.items():
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+        nb.metadata["minigrpo"] = STAMP
+        nbformat.write(nb, folder / f"{name}.ipynb")
+        paths.append(folder / f"{name}.ipynb")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    paths = write_notebooks(tmp_path_factory.mktemp("replay"))
+    return {report.name: report for report in grading.grade_notebooks(paths, timeout=120, jobs=2)}
+
+
+def test_a_notebook_that_replays_exercise_05_earns_only_the_hand_made_point(graded):
+    report = graded["replays"]
+    (check,) = report.checks
+    assert report.status == "ok" and check["max_points"] == 3, report.to_dict()
+    earned = [(case["name"].split(":")[0].split(" (")[0], case["points"]) for case in check["cases"]]
+    assert earned == [("hand-made", 1), ("random", 0), ("gradient 1 - pi_ref / pi_theta", 0)]
+    assert report.points == 1 < report.max_points / 2
+
+
+@pytest.mark.parametrize("name", ["aliased", "by_getattr"])
+def test_a_check_called_by_another_name_is_graded(graded, name):
+    report = graded[name]
+    assert (report.status, report.points, report.max_points) == ("ok", 3, 3), report.to_dict()
+
+
+def test_the_calls_by_an_alias_are_found_in_the_source():
+    cells = [nbformat.v4.new_code_cell(source) for source in (SOLVED_KL, *NOTEBOOKS["aliased"][1:])]
+    cells.append(nbformat.v4.new_code_cell("%%capture\nfrom minigrpo.grading import check_masked_mean as m\nm(f)"))
+    assigned = "from minigrpo import grading\n\nsame = grading.check_rloo_advantages\nsame(g)"
+    cells.append(nbformat.v4.new_code_cell(assigned))
+    nb = nbformat.v4.new_notebook(cells=cells)
+    assert grading.expected_checks(nb) == ["check_kl_k3", "check_masked_mean", "check_rloo_advantages"]
+    assert grading.check_calls(nb) == {
+        "check_kl_k3": {"cell": 1, "argument": "kl_k3"},
+        "check_masked_mean": {"cell": 2, "argument": "f"},  # in a cell magic's body
+        "check_rloo_advantages": {"cell": 3, "argument": "g"},  # bound by an assignment
+    }

@@ -25,9 +25,10 @@ How a notebook is graded, and why its score can be trusted
    most 1 MiB per cell and 8 MiB per notebook, and reads only the errors.
 4. Judge it: a separate process of the package's own code
    (`minigrpo.grading.judge`), started isolated from every folder a learner may
-   write (`processes.judge_command`), runs the cases of the exercise's checks that
-   the notebook's code cells call (`check_xxx(`), computing the expected answers and
-   the points itself; it calls the learner's functions in the kernel and gets
+   write (`processes.judge_command`), runs the cases of every check of the exercise
+   that the notebook's kernel ran, whatever name the notebook called it by (an
+   alias, `getattr`), computing the expected answers and the points itself, its
+   random cases drawn from a secret it draws at every grading; it calls the learner's functions in the kernel and gets
    back plain data only (`minigrpo.grading.remote`). Patching the package in the
    kernel, or writing anything anywhere, changes no point: learner code never
    runs in the judge. A function that is, wraps, calls or runs the package's own
@@ -90,6 +91,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minigrpo.grading.cells import python_of
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import CASES, GRADING_RUN_ENV, format_points, last_traceback_line, max_points
 from minigrpo.grading.limits import NotebookRefused, printable, read_notebook
@@ -203,12 +205,13 @@ def find_notebooks(path: str | Path) -> list[Path]:
 
 
 def expected_checks(nb) -> list[str]:
-    """The checks a notebook's code cells call, in order of first appearance."""
+    """The checks a notebook's code cells call, by their names or by an alias (`from minigrpo.grading import
+    check_kl_k3 as check`), in order of first appearance."""
     names: list[str] = []
     for cell in nb.cells:
         if cell.cell_type == "code":
             names += [n for n in _CHECK_CALL_RE.findall(cell.source) if n in CASES and n not in names]
-    return names
+    return names + [name for name in check_calls(nb) if name not in names]
 
 
 def _cell_error(nb, check: str) -> str | None:
@@ -222,28 +225,40 @@ def _cell_error(nb, check: str) -> str | None:
 
 
 def check_calls(nb) -> dict[str, dict]:
-    """check -> {"cell": index in nb.cells, "argument": the expression passed} of its last call in the code cells."""
-    from IPython.core.inputtransformer2 import TransformerManager  # %magics -> Python
-
+    """check -> {"cell": index in nb.cells, "argument": the expression passed} of its last call in the code cells
+    (cell magics' bodies included), whatever name the check is called by: its own, an attribute (`grading.check_x`),
+    or an alias bound by an import or an assignment (`as check`, `check = check_x`)."""
     calls: dict[str, dict] = {}
-    transformer = TransformerManager()
+    aliases: dict[str, str] = {}  # a name the notebook binds -> the check it stands for
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or "check_" not in cell.source:
+        if cell.cell_type != "code" or "check_" not in cell.source and not aliases:
             continue
-        try:
-            source = transformer.transform_cell(cell.source)
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-            if name in CASES:
-                passed = node.args[0] if node.args else (node.keywords[0].value if node.keywords else None)
-                argument = ast.get_source_segment(source, passed) if passed is not None else None
-                calls[name] = {"cell": index, "argument": argument}
+        for source, tree in python_of(cell.source):
+            aliases.update(_check_aliases(tree))
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                name = name if name in CASES else aliases.get(getattr(node.func, "id", None))
+                if name in CASES:
+                    passed = node.args[0] if node.args else (node.keywords[0].value if node.keywords else None)
+                    argument = ast.get_source_segment(source, passed) if passed is not None else None
+                    calls[name] = {"cell": index, "argument": argument}
     return calls
+
+
+def _check_aliases(tree: ast.Module) -> dict[str, str]:
+    """Names bound to a check in `tree`: `from minigrpo.grading import check_x as y`, `y = check_x`, `y = g.check_x`."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minigrpo"):
+            aliases.update((a.asname, a.name) for a in node.names if a.asname and a.name in CASES)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            named = getattr(node.value, "id", None) or getattr(node.value, "attr", None)
+            if named in CASES or named in aliases:
+                check = named if named in CASES else aliases[named]
+                aliases.update((t.id, check) for t in node.targets if isinstance(t, ast.Name))
+    return aliases
 
 
 def accept_records(records, expected: list[str]) -> tuple[dict[str, dict], list[str]]:
@@ -436,12 +451,9 @@ def read_answer(out: bytes, key: bytes) -> list:
     raise JudgeFailed("no answer from the judge passed authentication")
 
 
-def _check_cells_ran(nb, checks: list[str]) -> bool:
-    """Did any cell that calls one of `checks` execute? (If none did, there is nothing to judge.)"""
-    return any(
-        cell.cell_type == "code" and cell.get("execution_count") and any(n in cell.source for n in checks)
-        for cell in nb.cells
-    )
+def _cells_ran(nb) -> bool:
+    """Did any code cell execute? (If none did, no check was called: there is nothing to judge.)"""
+    return any(cell.cell_type == "code" and cell.get("execution_count") for cell in nb.cells)
 
 
 def default_time_limit(exercise: str | None, called: Sequence[str]) -> float:
@@ -508,9 +520,10 @@ async def _grade_notebook(
         reason = report.errors[-1] if report.status == "refused" else None
         collect(nb, {name: {"check": name, "not_run": reason} for name in checks} if reason else {}, report, checks)
         return report
-    to_judge = [name for name in checks if name in expected_checks(nb)]
+    # every check of its exercise: the kernel says which ones ran, whatever name the notebook called them by
+    to_judge = checks
     records = []
-    if to_judge:  # a notebook without one of its exercise's checks has nothing to run
+    if to_judge:  # a notebook of no exercise that calls no check has nothing to run
         limit_words = _limit_words(report.time_limit, report.exercise, explicit=timeout is not None)
         records = await _run_and_judge(
             nb, submission.path, report, to_judge, jobs, workdir, interrupts, started, limit_words
@@ -607,7 +620,7 @@ def _out_of_time(report: NotebookReport, not_run: list[int], limit_words: str, i
 
 async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report) -> list:
     """The judge's records for `checks`, or a reason for each when it cannot run (a stuck kernel, no time left)."""
-    if not alive(kernel_pid) or not _check_cells_ran(nb, checks):
+    if not alive(kernel_pid) or not _cells_ran(nb):
         return []
     reason = None
     if stuck is not None:
