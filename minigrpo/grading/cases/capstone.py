@@ -56,7 +56,7 @@ from minigrpo.grading.labs import (
     single_thread,
     tiny_model_and_tokenizer,
 )
-from minigrpo.grading.own_code import stage_function_uses
+from minigrpo.grading.own_code import stage_function_uses, unwritten
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer
 
@@ -537,11 +537,12 @@ def _own_code_cases() -> list[Case]:
         cells = notebook_cells()
         if cells is None:
             raise Mismatch("the notebook's cells are not available here: run this check in the notebook, or grade it.")
-        stubs = sum("raise NotImplementedError(" in cell for cell in cells)
+        stubs = unwritten(cells)
         if stubs:
             raise Mismatch(
-                f"{stubs} cell(s) still raise NotImplementedError: this check grades your own code once it is all "
-                "written (it reads the cells: none may import or call a stage function of minigrpo)."
+                f"{stubs} of the exercise's stub lines still raise NotImplementedError: this check "
+                "grades your own code once it is all written (it reads the cells: none may import or call a stage "
+                "function of minigrpo)."
             )
         uses = stage_function_uses(cells)
         if uses:
