@@ -312,6 +312,15 @@ def max_points(name: str) -> float:
     return sum(case.points for case in CASES[name]())
 
 
+DESCRIBE_S = 10.0
+"""Time allowed, beside its cases', for asking the kernel what a check was given (the judge's first question)."""
+
+
+def time_needed(name: str) -> float:
+    """The seconds check `name` may take when judged: its cases' own time limits, and the kernel's first answer."""
+    return DESCRIBE_S + sum(case.timeout for case in CASES[name]())
+
+
 def format_points(points: float) -> str:
     """3.0 -> '3', 2.5 -> '2.5'."""
     return f"{points:g}"

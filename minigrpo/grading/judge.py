@@ -21,10 +21,11 @@ Its random cases draw their inputs from a secret it draws itself at every gradin
 the kernel never sees it, so a notebook that recorded a check's answers (in its own run, or in another grading)
 holds the answers to other questions. Only the hand-made cases are the same every time.
 
-It does all of this by the request's deadline: each check gets an equal share of the
-time left when it starts, and a case gets what is left of its check's share
-(`framework.run_case`), so a learner's function that loops costs its own check's
-time, not the next one's.
+It does all of this by the request's deadline, which the runner sets to leave every check
+its cases' own time limits (`runner.judge_budget`): each check gets an equal share of the
+time left when it starts, or its cases' own limits if that is more (`check_deadline`), and a
+case gets what is left of its check's share (`framework.run_case`), so a learner's function
+that loops or trains slowly costs its own case's points, not the next check's.
 
 It prints a JSON line after each check, and at the end: the records so far (the runner keeps
 the last line it got, so a judge stopped at the notebook's deadline loses only the checks
@@ -46,7 +47,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, drawn_from, evaluate, judged_cells
+from minigrpo.grading.framework import (
+    CASES,
+    REFERENCES,
+    NoAnswer,
+    drawn_from,
+    evaluate,
+    judged_cells,
+    time_needed,
+)
 from minigrpo.grading.references import source_reference_reason, watch_list
 from minigrpo.grading.remote import Kernel, KernelFunction, describe
 
@@ -78,6 +87,13 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str],
     return result.to_dict()
 
 
+def check_deadline(check: str, deadline: float, checks_left: int) -> float:
+    """When `check`'s cases must end (time.monotonic()): its equal share of the time left before `deadline`, or its
+    cases' own limits (`framework.time_needed`) if that is more, never past `deadline`."""
+    now = time.monotonic()
+    return min(deadline, now + max((deadline - now) / checks_left, time_needed(check)))
+
+
 def judge(request: dict, done=None, secret: bytes | None = None) -> list[dict]:
     """Every requested check of one notebook, judged against its kernel; done(records so far) after each check.
 
@@ -94,11 +110,7 @@ def judge(request: dict, done=None, secret: bytes | None = None) -> list[dict]:
         try:
             records = []
             for number, check in enumerate(checks):
-                share = (
-                    None
-                    if deadline is None
-                    else time.monotonic() + (deadline - time.monotonic()) / (len(checks) - number)
-                )
+                share = None if deadline is None else check_deadline(check, deadline, len(checks) - number)
                 records.append(judge_check(kernel, check, request["calls"].get(check), cells, share))
                 (done or (lambda records: None))(records)
             return records

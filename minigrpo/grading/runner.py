@@ -93,7 +93,14 @@ from pathlib import Path
 
 from minigrpo.grading.cells import python_of
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, identify, owner
-from minigrpo.grading.framework import CASES, GRADING_RUN_ENV, format_points, last_traceback_line, max_points
+from minigrpo.grading.framework import (
+    CASES,
+    GRADING_RUN_ENV,
+    format_points,
+    last_traceback_line,
+    max_points,
+    time_needed,
+)
 from minigrpo.grading.limits import NotebookRefused, printable, read_notebook
 from minigrpo.grading.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
 from minigrpo.grading.remote import INTERRUPT_WAIT_S
@@ -374,7 +381,7 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
     key = secrets.token_bytes(32)
     connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
     (folder / "judge").mkdir()
-    budget = deadline - time.monotonic()
+    budget = judge_budget(checks, deadline - time.monotonic())
     request = {
         "key": key.hex(),
         "checks": checks,
@@ -407,6 +414,13 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
         last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         raise JudgeFailed(f"the judge stopped with exit code {process.returncode}: {last}")
     return read_answer(out, key)
+
+
+def judge_budget(checks: Sequence[str], time_left: float) -> float:
+    """Seconds the judge of `checks` gets: what is left of the notebook's limit, and never less than its checks'
+    cases' own limits (`framework.time_needed`), its start-up and its margin: a notebook whose cells were slow
+    still has every check judged, and a case that runs long costs its own points only."""
+    return max(time_left, sum(time_needed(name) for name in checks) + JUDGE_START_S + JUDGE_MARGIN_S)
 
 
 async def _read_until(process, budget: float) -> tuple[bytes, bytes, bool]:
@@ -625,9 +639,7 @@ async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder,
     reason = None
     if stuck is not None:
         reason = f"not judged: the kernel was still running cell {stuck}, which did not stop when interrupted"
-    elif deadline - time.monotonic() < JUDGE_MARGIN_S + JUDGE_START_S:
-        reason = "not judged: the notebook's time limit was spent before its checks could be judged"
-    else:
+    else:  # however little of the notebook's limit is left, the judge has its checks' own time (judge_budget)
         try:
             return await _judge(nb, checks, client.km, kernel_pid, deadline, jobs, folder)
         except JudgeFailed as failed:
