@@ -5,9 +5,10 @@
 
 How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
-1. Read it: only a regular file of at most 16 MiB is read as a notebook
-   (`minigrpo.grading.limits`); anything else named *.ipynb scores 0 as
-   unreadable, with the reason.
+1. Read it: only a regular file of at most 16 MiB, inside the graded folder, is
+   read as a notebook (`minigrpo.grading.limits`); anything else named *.ipynb (a
+   symbolic link out of the folder too) scores 0 as unreadable, with the reason,
+   and a file that does not parse is reported by its error's type, never its bytes.
 2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
    metadata, else its file name, else the checks it calls. The exercise's checks
    and maximum are what it is graded on: a check of the exercise that the notebook
@@ -45,15 +46,17 @@ How a notebook is graded, and why its score can be trusted
 
 Time
 ----
-A notebook's limit covers everything: its kernel, its cells and the judging of
-its checks. By default it is its exercise's `time_limit` (3x the time its
+A notebook's limit covers its kernel and its cells, and the judging of its checks
+as far as it goes: the judge always has at least its checks' cases' own limits
+(`judge_budget`), so a notebook whose cells were slow still has every check judged,
+and a case that runs long costs its own points. By default it is its exercise's `time_limit` (3x the time its
 solution takes to grade, `minigrpo.grading.exercises`); --timeout sets one
 limit for every notebook. A cell may run for at most half the limit (CELL_SHARE):
 a cell that hangs is interrupted (KeyboardInterrupt) and the cells after it
 still run and are judged; when it does not stop, or the limit is spent, the
-notebook is stopped and says that it ran out of time. The judge splits what is
-left of the limit between the checks, so an infinite loop in one learner
-function leaves the next check its time. While notebooks run, `progress` gets a
+notebook is stopped and says that it ran out of time. The judge splits its time
+between the checks, each getting at least its cases' own limits, so an infinite
+loop in one learner function leaves the next check its time. While notebooks run, `progress` gets a
 line at least every HEARTBEAT_S seconds ("12/41 graded; running: ...").
 
 A check that the notebook calls but that did not run (its cell failed first, or
