@@ -86,18 +86,22 @@ def test_the_solution_uses_only_the_givens():
 
 
 # --- the run-time watch: a reference's code is known by what it is, not by its file -------------------------
-def test_a_reference_under_another_file_name_or_pasted_is_seen_running():
+def test_a_reference_s_code_object_under_another_file_name_is_seen_running_and_the_same_source_in_a_cell_is_not():
+    """The code object moved to another file (the cheat) is the reference; the same code written in a cell (as a
+    solution can be, line for line) is the learner's: the watch tells them apart by the code's first line."""
     watched = watch_list([kl_penalty])
     moved = types.FunctionType(kl_penalty.__code__.replace(co_filename="/elsewhere/mine.py"), kl_penalty.__globals__)
     pasted_source = inspect.getsource(kl_penalty).replace('"""', "'''", 2)  # a docstring in other quotes, same code
     namespace = dict(kl_penalty.__globals__)
     exec(compile(pasted_source.replace("def kl_penalty(", "def my_kl("), "<cell>", "exec"), namespace)
     assert code_digest(moved.__code__) == code_digest(namespace["my_kl"].__code__) == code_digest(kl_penalty.__code__)
-    for copy in (moved, namespace["my_kl"]):
-        logps = grading.framework.torch.zeros(2, 3)
-        with ReferenceWatch(watched) as watch:
-            copy(logps, logps, "k3")
-        assert watch.ran == "minigrpo.losses.kl_penalty"
+    logps = grading.framework.torch.zeros(2, 3)
+    with ReferenceWatch(watched) as watch:
+        moved(logps, logps, "k3")
+    assert watch.ran == "minigrpo.losses.kl_penalty"
+    with ReferenceWatch(watched) as watch:
+        namespace["my_kl"](logps, logps, "k3")
+    assert watch.ran is None
 
     def honest(logps, ref):
         log_r = ref - logps

@@ -7,6 +7,7 @@ it earns only the hand-made cases' points, a minority of every check's; and that
 full marks under ten different secrets.
 """
 
+import contextlib
 import copy
 import hashlib
 import hmac
@@ -21,6 +22,7 @@ from test_grading import CHECKS  # the package's reference for every check but t
 from minigrpo import grading
 from minigrpo.grading.framework import case_seed, drawn_from, evaluate, seeded
 
+EXERCISES_15 = grading.EXERCISES["15_grpo_from_scratch"].checks
 QUESTIONS = {"check_reward_hacking", "check_kl_directions", "check_failure_modes", "check_worked_example_step_one_loss"}
 """Checks that ask a question whose answer is a fact (which KL a loss follows, which bug a run has): nothing to
 draw at random, so a recorded answer is simply the answer."""
@@ -294,3 +296,78 @@ def test_the_calls_by_an_alias_are_found_in_the_source():
         "check_masked_mean": {"cell": 2, "argument": "f"},  # in a cell magic's body
         "check_rloo_advantages": {"cell": 3, "argument": "g"},  # bound by an assignment
     }
+
+
+# --- the capstone: a replay of its functions' answers and of what they do to the model ---------------------
+class ModelRecorder(Recorder):
+    """Records, per call, the answer and the state it leaves in every model argument (weights and gradients)."""
+
+    def __call__(self, *args, **kwargs):
+        fingerprint = _fingerprint((args, kwargs))
+        value = self.reference(*args, **kwargs)
+        models = {i: _state(a) for i, a in enumerate(args) if isinstance(a, torch.nn.Module)}
+        answer = {k: v.detach().clone() for k, v in value.items()} if isinstance(value, dict) else copy.deepcopy(value)
+        self.calls.append((fingerprint, answer, models))
+        return value
+
+
+def _state(model: torch.nn.Module) -> dict:
+    return {
+        name: (p.detach().clone(), None if p.grad is None else p.grad.detach().clone())
+        for name, p in model.named_parameters()
+    }
+
+
+class ModelReplayer(Replayer):
+    """Plays back the answers and the models' weights and gradients, in order."""
+
+    def __call__(self, *args, **kwargs):
+        self.fingerprints.append(_fingerprint((args, kwargs)))
+        _, answer, models = self.calls[self.next % len(self.calls)]
+        self.next += 1
+        for i, state in models.items():
+            if i < len(args) and isinstance(args[i], torch.nn.Module):
+                with torch.no_grad():
+                    for name, p in args[i].named_parameters():
+                        weight, gradient = state[name]
+                        p.copy_(weight)
+                        p.grad = None if gradient is None else gradient.clone()
+        return copy.deepcopy(answer)
+
+
+CAPSTONE_REPLAYED = [
+    "check_capstone_completion_mask",
+    "check_capstone_sampler",
+    "check_capstone_logps",
+    "check_capstone_advantages",
+    "check_capstone_loss",
+    "check_capstone_gradients",
+    "check_capstone_update",
+]
+"""The capstone's checks of functions (its learning run, 4 points, and the reading of its cells, 2, are not replayed
+here: the learning run takes minutes, and the cells of a replaying notebook are its own)."""
+
+
+def test_a_replay_of_the_capstone_earns_only_its_fixed_points():
+    from test_capstone import FUNCTIONS, solution
+
+    functions = solution()
+    first, second = secrets.token_bytes(32), secrets.token_bytes(32)
+    fixed = earned = 0.0
+    for name in CAPSTONE_REPLAYED:
+        recorder, again = ModelRecorder(functions[FUNCTIONS[name]]), ModelRecorder(functions[FUNCTIONS[name]])
+        with torch.no_grad() if name == "check_capstone_sampler" else contextlib.nullcontext():
+            recorded = _per_case(name, first, recorder)
+            answers_now = _answers_per_case(_per_case(name, second, again), again)
+            replayed = _per_case(name, second, ModelReplayer(recorder.calls))
+        assert all(r.passed for r, _ in recorded), [(r.name, r.message) for r, _ in recorded if not r.passed]
+        for (result, _), then, now in zip(replayed, _answers_per_case(recorded, recorder), answers_now, strict=True):
+            if then == now:
+                fixed += result.max_points
+            else:
+                assert result.points == 0, f"{name}: {result.name} earned {result.points} replayed"
+            earned += result.points
+    most = sum(grading.max_points(name) for name in EXERCISES_15)
+    unreplayed = most - sum(grading.max_points(name) for name in CAPSTONE_REPLAYED)  # learning, own code: 6
+    assert unreplayed == 6
+    assert earned <= fixed and fixed + unreplayed < most / 2, (fixed, unreplayed, most)

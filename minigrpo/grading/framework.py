@@ -309,7 +309,9 @@ def format_check(result: CheckResult) -> str:
 
 
 def max_points(name: str) -> float:
-    return sum(case.points for case in CASES[name]())
+    """The check's points: an int when whole (6, not 6.0: the handouts' stamps and the reports print it)."""
+    total = sum(case.points for case in CASES[name]())
+    return int(total) if float(total).is_integer() else total
 
 
 DESCRIBE_S = 10.0

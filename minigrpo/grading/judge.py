@@ -49,6 +49,7 @@ from pathlib import Path
 
 from minigrpo.grading.framework import (
     CASES,
+    DESCRIBE_S,
     REFERENCES,
     NoAnswer,
     drawn_from,
@@ -70,7 +71,8 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str],
 
     deadline: time.monotonic() by which its cases end (None: each case's own time limit only)."""
     try:
-        seen = describe(kernel, check, timeout=60 if deadline is None else max(1.0, deadline - time.monotonic()))
+        wait = DESCRIBE_S if deadline is None else min(DESCRIBE_S, max(1.0, deadline - time.monotonic()))
+        seen = describe(kernel, check, timeout=wait)
     except NoAnswer as gone:
         return {"check": check, "not_run": str(gone)}
     if not seen.get("registered"):

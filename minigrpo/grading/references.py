@@ -26,12 +26,13 @@ message that names the reference.
   (`importlib.import_module("minigrpo." + "losses")`), `sys.modules`, an object
   hidden in a container, a copy of the function or of its code, `importlib.reload`
   (a code object is known by its file, first line and name), and the reference's
-  code under another file name or its source pasted into a cell (known by
-  `code_digest`: its bytecode, names and constants, not its file or docstring). The judge sends what to
+  code object under another file name (known by its name, first line and
+  `code_digest`: its bytecode, names and constants). The judge sends what to
   watch (`watch_list`, computed from its own registry) and a check whose function
   ran a reference scores 0 with the reason. A function that switches the hook off
-  scores 0 too. It cannot see: a reference's source pasted and then edited (its
-  bytecode changed), a reference run in another process, a
+  scores 0 too. It cannot see: the reference's source pasted into the notebook (the same
+  code as a learner's own can be), a code object copied with another name and
+  first line, a reference run in another process, a
   function that switches the hook off and on again within its call, an answer key
   that is data (read, not run), or a kernel whose grading code (`serve`) the
   learner rewrote: it runs in the kernel, which the learner controls, like the
@@ -316,7 +317,7 @@ def watch_list(references: Sequence) -> list[dict]:
         codes = [_code_key(f.__code__) for f in functions]
         if codes:
             module, qualname = getattr(reference, "__module__", None), getattr(reference, "__qualname__", None)
-            digests = [code_digest(f.__code__) for f in functions]
+            digests = [[code_digest(f.__code__), f.__code__.co_name, f.__code__.co_firstlineno] for f in functions]
             watched.append(
                 {"name": _name(reference), "module": module, "qualname": qualname, "codes": codes, "digests": digests}
             )
@@ -376,13 +377,15 @@ class ReferenceWatch:
 
     def __init__(self, watched: list[dict]):
         self.names: dict[tuple, str] = {}
-        self.copies: dict[str, str] = {}  # code_digest of a reference's function -> the reference's name
+        # (code_digest, name, first line) of a reference's function -> the reference's name: its code object moved
+        # to another file keeps all three; the same code written in a cell (a solution can be) has another first line
+        self.copies: dict[tuple, str] = {}
         for entry in watched:
             keys = [tuple(code) for code in entry["codes"]]
             local = _resolve(entry.get("module"), entry.get("qualname"))
             keys += [key for item in watch_list([local]) for key in map(tuple, item["codes"])] if local else []
             self.names.update((key, entry["name"]) for key in keys)
-            self.copies.update((digest, entry["name"]) for digest in entry.get("digests", ()))
+            self.copies.update(((d, n, line), entry["name"]) for d, n, line in entry.get("digests", ()))
         self.files = {key[0] for key in self.names}
         self.ran: str | None = None
         self.intact = True
@@ -396,7 +399,8 @@ class ReferenceWatch:
             if self.ran is None and self.copies:  # a copy of a reference, under another file name
                 seen = self._seen.get(id(code))
                 if seen is None or seen[0] is not code:  # the code kept alive, so that its id is not reused
-                    seen = self._seen[id(code)] = (code, self.copies.get(code_digest(code)))
+                    key = (code_digest(code), code.co_name, code.co_firstlineno)
+                    seen = self._seen[id(code)] = (code, self.copies.get(key))
                 self.ran = seen[1]
 
     def __enter__(self) -> ReferenceWatch:

@@ -468,9 +468,12 @@ def read_answer(out: bytes, key: bytes) -> list:
     raise JudgeFailed("no answer from the judge passed authentication")
 
 
-def _cells_ran(nb) -> bool:
-    """Did any code cell execute? (If none did, no check was called: there is nothing to judge.)"""
-    return any(cell.cell_type == "code" and cell.get("execution_count") for cell in nb.cells)
+def _cells_ran(nb, stuck: int | None) -> bool:
+    """Did any code cell execute, other than one still stuck? (If none did, no check was called.)"""
+    return any(
+        cell.cell_type == "code" and cell.get("execution_count") and index != stuck
+        for index, cell in enumerate(nb.cells)
+    )
 
 
 def default_time_limit(exercise: str | None, called: Sequence[str]) -> float:
@@ -637,7 +640,7 @@ def _out_of_time(report: NotebookReport, not_run: list[int], limit_words: str, i
 
 async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report) -> list:
     """The judge's records for `checks`, or a reason for each when it cannot run (a stuck kernel, no time left)."""
-    if not alive(kernel_pid) or not _cells_ran(nb):
+    if not alive(kernel_pid) or not _cells_ran(nb, stuck):
         return []
     reason = None
     if stuck is not None:
