@@ -22,7 +22,8 @@ in `minigrpo.grading.runner`).
 | cases/ | one module per exercise: `@cases("check_x", ...)` its cases, `@check` its check_x, `exercise(...)` it |
 | exercises | EXERCISES (checks, maximum, time budget); which exercise a notebook is; the version contract |
 | labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
-| own_code | the capstone's notebook read for the package's stage functions (their syntax trees) |
+| cells | a notebook's code cells as the Python they run (IPython's magics, cell magics' bodies included) |
+| own_code | the capstone's notebook read for the package's stage functions (imports, calls, copies of their code) |
 | references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
 | remote | the learner's function called in its kernel: arguments in, plain data out |
 | judge | the grader's judge process: runs every check's cases on the kernel's functions |

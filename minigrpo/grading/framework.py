@@ -39,6 +39,8 @@ the exercise, its `references`, earns 0 with a message saying why
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import math
 import os
 import time
@@ -307,7 +309,18 @@ def format_check(result: CheckResult) -> str:
 
 
 def max_points(name: str) -> float:
-    return sum(case.points for case in CASES[name]())
+    """The check's points: an int when whole (6, not 6.0: the handouts' stamps and the reports print it)."""
+    total = sum(case.points for case in CASES[name]())
+    return int(total) if float(total).is_integer() else total
+
+
+DESCRIBE_S = 10.0
+"""Time allowed, beside its cases', for asking the kernel what a check was given (the judge's first question)."""
+
+
+def time_needed(name: str) -> float:
+    """The seconds check `name` may take when judged: its cases' own time limits, and the kernel's first answer."""
+    return DESCRIBE_S + sum(case.timeout for case in CASES[name]())
 
 
 def format_points(points: float) -> str:
@@ -371,8 +384,36 @@ def expect_equal(got, want, *, what: str = "result", hint: str = "") -> None:
 
 
 # --- seeded inputs ----------------------------------------------------------------------
+_SECRET: bytes | None = None
+
+
+@contextlib.contextmanager
+def drawn_from(secret: bytes):
+    """Within the block, every random case draws its inputs from `secret`: `case_seed(n)` is a seed derived from
+    both. The grader's judge draws a new secret at every grading (`secrets.token_bytes` in its own process, which
+    no learner code reaches), so answers recorded in a notebook, or in another grading, answer other questions."""
+    global _SECRET
+    if not isinstance(secret, bytes) or len(secret) < 16:
+        raise ValueError("drawn_from(secret): give at least 16 random bytes, e.g. secrets.token_bytes(32).")
+    previous, _SECRET = _SECRET, secret
+    try:
+        yield
+    finally:
+        _SECRET = previous
+
+
+def case_seed(seed: int) -> int:
+    """The seed a random case uses: `seed` itself outside `drawn_from` (a notebook's feedback, reproducible), else
+    HMAC-SHA256(secret, seed) cut to 31 bits (a seed torch, random and the datasets all take)."""
+    if _SECRET is None:
+        return seed
+    digest = hmac.new(_SECRET, str(seed).encode(), hashlib.sha256).digest()
+    return int.from_bytes(digest[:4], "big") >> 1  # [0, 2**31)
+
+
 def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+    """A generator for a random case numbered `seed`: seeded with case_seed(seed)."""
+    return torch.Generator().manual_seed(case_seed(seed))
 
 
 def random_mask(N: int, T: int, generator: torch.Generator, min_length: int = 1) -> torch.Tensor:

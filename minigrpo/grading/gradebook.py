@@ -66,7 +66,7 @@ def find_submissions(path: str | Path) -> list[Submission]:
     submissions = []
     for notebook in notebooks:
         parts = notebook.relative_to(path).parts
-        submissions.append(Submission(notebook, parts[0] if len(parts) > 1 else notebook.stem))
+        submissions.append(Submission(notebook, parts[0] if len(parts) > 1 else notebook.stem, path))
     return submissions
 
 

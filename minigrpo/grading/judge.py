@@ -17,10 +17,15 @@ folder for the files it exchanges with the kernel. For each check the judge
    the kernel runs each call under a watch for the check's references
    (`references.ReferenceWatch`), and a check whose function ran one scores 0.
 
-It does all of this by the request's deadline: each check gets an equal share of the
-time left when it starts, and a case gets what is left of its check's share
-(`framework.run_case`), so a learner's function that loops costs its own check's
-time, not the next one's.
+Its random cases draw their inputs from a secret it draws itself at every grading (`framework.drawn_from`):
+the kernel never sees it, so a notebook that recorded a check's answers (in its own run, or in another grading)
+holds the answers to other questions. Only the hand-made cases are the same every time.
+
+It does all of this by the request's deadline, which the runner sets to leave every check
+its cases' own time limits (`runner.judge_budget`): each check gets an equal share of the
+time left when it starts, or its cases' own limits if that is more (`check_deadline`), and a
+case gets what is left of its check's share (`framework.run_case`), so a learner's function
+that loops or trains slowly costs its own case's points, not the next check's.
 
 It prints a JSON line after each check, and at the end: the records so far (the runner keeps
 the last line it got, so a judge stopped at the notebook's deadline loses only the checks
@@ -36,12 +41,22 @@ import contextlib
 import hashlib
 import hmac
 import json
+import secrets
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from minigrpo.grading.framework import CASES, REFERENCES, NoAnswer, evaluate, judged_cells
+from minigrpo.grading.framework import (
+    CASES,
+    DESCRIBE_S,
+    REFERENCES,
+    NoAnswer,
+    drawn_from,
+    evaluate,
+    judged_cells,
+    time_needed,
+)
 from minigrpo.grading.references import source_reference_reason, watch_list
 from minigrpo.grading.remote import Kernel, KernelFunction, describe
 
@@ -56,7 +71,8 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str],
 
     deadline: time.monotonic() by which its cases end (None: each case's own time limit only)."""
     try:
-        seen = describe(kernel, check, timeout=60 if deadline is None else max(1.0, deadline - time.monotonic()))
+        wait = DESCRIBE_S if deadline is None else min(DESCRIBE_S, max(1.0, deadline - time.monotonic()))
+        seen = describe(kernel, check, timeout=wait)
     except NoAnswer as gone:
         return {"check": check, "not_run": str(gone)}
     if not seen.get("registered"):
@@ -73,10 +89,20 @@ def judge_check(kernel: Kernel, check: str, call: dict | None, cells: list[str],
     return result.to_dict()
 
 
-def judge(request: dict, done=None) -> list[dict]:
-    """Every requested check of one notebook, judged against its kernel; done(records so far) after each check."""
+def check_deadline(check: str, deadline: float, checks_left: int) -> float:
+    """When `check`'s cases must end (time.monotonic()): its equal share of the time left before `deadline`, or its
+    cases' own limits (`framework.time_needed`) if that is more, never past `deadline`."""
+    now = time.monotonic()
+    return min(deadline, now + max((deadline - now) / checks_left, time_needed(check)))
+
+
+def judge(request: dict, done=None, secret: bytes | None = None) -> list[dict]:
+    """Every requested check of one notebook, judged against its kernel; done(records so far) after each check.
+
+    secret: what the random cases draw from (`framework.drawn_from`); None, the default, draws a new one here."""
     cells = request["cells"]
     with contextlib.ExitStack() as stack:
+        stack.enter_context(drawn_from(secret or secrets.token_bytes(32)))
         workdir = request.get("workdir") or stack.enter_context(tempfile.TemporaryDirectory(prefix="minigrpo-judge-"))
         kernel = Kernel(request["connection"], request["kernel_pid"], Path(workdir))
         checks = [check for check in request["checks"] if check in CASES]
@@ -86,11 +112,7 @@ def judge(request: dict, done=None) -> list[dict]:
         try:
             records = []
             for number, check in enumerate(checks):
-                share = (
-                    None
-                    if deadline is None
-                    else time.monotonic() + (deadline - time.monotonic()) / (len(checks) - number)
-                )
+                share = None if deadline is None else check_deadline(check, deadline, len(checks) - number)
                 records.append(judge_check(kernel, check, request["calls"].get(check), cells, share))
                 (done or (lambda records: None))(records)
             return records

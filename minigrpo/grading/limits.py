@@ -5,7 +5,11 @@ kernel sends back is the learner's too. The grader therefore reads
 
 - only regular files as notebooks, of at most MAX_NOTEBOOK_BYTES (a FIFO, a
   device or a socket named *.ipynb is reported, never opened for a blocking
-  read): `read_notebook`;
+  read), and inside the graded folder (a symbolic link out of it, to a file of
+  the grader's user or to another class's notebook, is refused, never
+  opened): `read_notebook`;
+- of a file it cannot parse, nothing: the report gives the error's type and
+  the path, never the file's bytes (a link could make them anyone's);
 - at most MAX_CELL_OUTPUT_BYTES of output per cell and MAX_NOTEBOOK_OUTPUT_BYTES
   per notebook (printed text, displays, errors); beyond that the output is
   dropped and the report says which cells hit the cap: `OutputBudget`. The
@@ -54,16 +58,26 @@ class NotebookRefused(Exception):
 _NOT_REGULAR = "not a regular file (a FIFO, a device or a socket): only regular files are read as notebooks"
 
 
-def read_notebook(path: Path) -> str:
+_OUTSIDE = "a link to a file outside the graded folder: the grader reads only the files inside it"
+
+
+def read_notebook(path: Path, within: Path | None = None) -> str:
     """The text of a notebook file: a regular file of at most MAX_NOTEBOOK_BYTES, read without blocking.
 
-    Raises NotebookRefused with the reason, which names no path (the caller does).
+    within: the graded folder; a path that leads out of it (a symbolic link, to a file or through a folder) is
+    refused, never opened. Raises NotebookRefused with the reason, which names no path (the caller does).
     """
+    if within is not None:
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(os.path.realpath(within)):
+            raise NotebookRefused(_OUTSIDE)
+        path = real  # opened below with O_NOFOLLOW: a link put in its place since cannot lead out
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # looked at before opening: opening a device can act on it
             raise NotebookRefused(_NOT_REGULAR)
         # O_NONBLOCK: if a FIFO replaced the file since the stat, opening it does not wait for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+        fd = os.open(path, flags | (getattr(os, "O_NOFOLLOW", 0) if within is not None else 0))
     except OSError as error:
         raise NotebookRefused(error.strerror or str(error)) from None
     with os.fdopen(fd, "rb") as file:

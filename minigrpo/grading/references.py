@@ -25,11 +25,14 @@ message that names the reference.
   a reference starts, whatever route reached it: a name built from strings
   (`importlib.import_module("minigrpo." + "losses")`), `sys.modules`, an object
   hidden in a container, a copy of the function or of its code, `importlib.reload`
-  (a code object is known by its file, first line and name). The judge sends what to
+  (a code object is known by its file, first line and name), and the reference's
+  code object under another file name (known by its name, first line and
+  `code_digest`: its bytecode, names and constants). The judge sends what to
   watch (`watch_list`, computed from its own registry) and a check whose function
   ran a reference scores 0 with the reason. A function that switches the hook off
-  scores 0 too. It cannot see: the reference's source pasted into the notebook or
-  run from a copy under another file name, a reference run in another process, a
+  scores 0 too. It cannot see: the reference's source pasted into the notebook (the same
+  code as a learner's own can be), a code object copied with another name and
+  first line, a reference run in another process, a
   function that switches the hook off and on again within its call, an answer key
   that is data (read, not run), or a kernel whose grading code (`serve`) the
   learner rewrote: it runs in the kernel, which the learner controls, like the
@@ -39,7 +42,9 @@ message that names the reference.
 from __future__ import annotations
 
 import ast
+import dis
 import functools
+import hashlib
 import importlib
 import sys
 import sysconfig
@@ -312,7 +317,10 @@ def watch_list(references: Sequence) -> list[dict]:
         codes = [_code_key(f.__code__) for f in functions]
         if codes:
             module, qualname = getattr(reference, "__module__", None), getattr(reference, "__qualname__", None)
-            watched.append({"name": _name(reference), "module": module, "qualname": qualname, "codes": codes})
+            digests = [[code_digest(f.__code__), f.__code__.co_name, f.__code__.co_firstlineno] for f in functions]
+            watched.append(
+                {"name": _name(reference), "module": module, "qualname": qualname, "codes": codes, "digests": digests}
+            )
     return watched
 
 
@@ -328,6 +336,36 @@ def _code_key(code: types.CodeType) -> tuple[str, int, str]:
     return code.co_filename, code.co_firstlineno, code.co_name
 
 
+def code_digest(code: types.CodeType) -> str:
+    """What a function's code does, not where it lives: a digest of its instructions (with the names and constants
+    they use; nested functions by their own digest) and its arguments and locals, leaving out its file, its line
+    numbers, its name and its docstring. A copy of a function (its code object under another file name, or its source
+    pasted elsewhere, comments and docstring changed or not) has the digest of the original."""
+    digest = hashlib.sha256(repr((code.co_varnames, code.co_argcount, code.co_kwonlyargcount)).encode())
+    instructions = list(dis.get_instructions(code))
+    position = {instruction.offset: number for number, instruction in enumerate(instructions)}
+    for instruction in instructions:
+        # `m.f(x)` compiles to LOAD_ATTR where `m` is imported in the same file, to LOAD_METHOD elsewhere
+        name = "LOAD_ATTR" if instruction.opname == "LOAD_METHOD" else instruction.opname
+        if instruction.opcode in dis.hasjrel or instruction.opcode in dis.hasjabs:
+            argument = str(position.get(instruction.argval))  # a jump, by the instruction it lands on
+        else:
+            argument = _normalised(instruction.argval)
+        digest.update(f"{name} {argument}\n".encode())
+    return digest.hexdigest()
+
+
+def _normalised(value) -> str:
+    """A repr of constants that is the same in every process: code by its digest, sets sorted."""
+    if isinstance(value, types.CodeType):
+        return code_digest(value)
+    if isinstance(value, tuple):
+        return "(" + ",".join(_normalised(v) for v in value) + ")"
+    if isinstance(value, frozenset):  # its order follows string hashes, which differ between processes
+        return "{" + ",".join(sorted(_normalised(v) for v in value)) + "}"
+    return repr(value)
+
+
 class ReferenceWatch:
     """Notes the first watched function that starts while in the block (this thread and threads it starts).
 
@@ -339,20 +377,31 @@ class ReferenceWatch:
 
     def __init__(self, watched: list[dict]):
         self.names: dict[tuple, str] = {}
+        # (code_digest, name, first line) of a reference's function -> the reference's name: its code object moved
+        # to another file keeps all three; the same code written in a cell (a solution can be) has another first line
+        self.copies: dict[tuple, str] = {}
         for entry in watched:
             keys = [tuple(code) for code in entry["codes"]]
             local = _resolve(entry.get("module"), entry.get("qualname"))
             keys += [key for item in watch_list([local]) for key in map(tuple, item["codes"])] if local else []
             self.names.update((key, entry["name"]) for key in keys)
+            self.copies.update(((d, n, line), entry["name"]) for d, n, line in entry.get("digests", ()))
         self.files = {key[0] for key in self.names}
         self.ran: str | None = None
         self.intact = True
+        self._seen: dict[int, tuple[types.CodeType, str | None]] = {}  # id(code) -> (code, the reference it copies)
 
     def _hook(self, frame, event, arg):
         if event == "call" and self.ran is None:
             code = frame.f_code
             if code.co_filename in self.files:
                 self.ran = self.names.get(_code_key(code))
+            if self.ran is None and self.copies:  # a copy of a reference, under another file name
+                seen = self._seen.get(id(code))
+                if seen is None or seen[0] is not code:  # the code kept alive, so that its id is not reused
+                    key = (code_digest(code), code.co_name, code.co_firstlineno)
+                    seen = self._seen[id(code)] = (code, self.copies.get(key))
+                self.ran = seen[1]
 
     def __enter__(self) -> ReferenceWatch:
         self._previous, self._previous_threads = sys.getprofile(), threading.getprofile()

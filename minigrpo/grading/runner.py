@@ -5,9 +5,10 @@
 
 How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
-1. Read it: only a regular file of at most 16 MiB is read as a notebook
-   (`minigrpo.grading.limits`); anything else named *.ipynb scores 0 as
-   unreadable, with the reason.
+1. Read it: only a regular file of at most 16 MiB, inside the graded folder, is
+   read as a notebook (`minigrpo.grading.limits`); anything else named *.ipynb (a
+   symbolic link out of the folder too) scores 0 as unreadable, with the reason,
+   and a file that does not parse is reported by its error's type, never its bytes.
 2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
    metadata, else its file name, else the checks it calls. The exercise's checks
    and maximum are what it is graded on: a check of the exercise that the notebook
@@ -25,9 +26,10 @@ How a notebook is graded, and why its score can be trusted
    most 1 MiB per cell and 8 MiB per notebook, and reads only the errors.
 4. Judge it: a separate process of the package's own code
    (`minigrpo.grading.judge`), started isolated from every folder a learner may
-   write (`processes.judge_command`), runs the cases of the exercise's checks that
-   the notebook's code cells call (`check_xxx(`), computing the expected answers and
-   the points itself; it calls the learner's functions in the kernel and gets
+   write (`processes.judge_command`), runs the cases of every check of the exercise
+   that the notebook's kernel ran, whatever name the notebook called it by (an
+   alias, `getattr`), computing the expected answers and the points itself, its
+   random cases drawn from a secret it draws at every grading; it calls the learner's functions in the kernel and gets
    back plain data only (`minigrpo.grading.remote`). Patching the package in the
    kernel, or writing anything anywhere, changes no point: learner code never
    runs in the judge. A function that is, wraps, calls or runs the package's own
@@ -44,15 +46,17 @@ How a notebook is graded, and why its score can be trusted
 
 Time
 ----
-A notebook's limit covers everything: its kernel, its cells and the judging of
-its checks. By default it is its exercise's `time_limit` (3x the time its
+A notebook's limit covers its kernel and its cells, and the judging of its checks
+as far as it goes: the judge always has at least its checks' cases' own limits
+(`judge_budget`), so a notebook whose cells were slow still has every check judged,
+and a case that runs long costs its own points. By default it is its exercise's `time_limit` (3x the time its
 solution takes to grade, `minigrpo.grading.exercises`); --timeout sets one
 limit for every notebook. A cell may run for at most half the limit (CELL_SHARE):
 a cell that hangs is interrupted (KeyboardInterrupt) and the cells after it
 still run and are judged; when it does not stop, or the limit is spent, the
-notebook is stopped and says that it ran out of time. The judge splits what is
-left of the limit between the checks, so an infinite loop in one learner
-function leaves the next check its time. While notebooks run, `progress` gets a
+notebook is stopped and says that it ran out of time. The judge splits its time
+between the checks, each getting at least its cases' own limits, so an infinite
+loop in one learner function leaves the next check its time. While notebooks run, `progress` gets a
 line at least every HEARTBEAT_S seconds ("12/41 graded; running: ...").
 
 A check that the notebook calls but that did not run (its cell failed first, or
@@ -90,8 +94,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minigrpo.grading.cells import python_of
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, identify, owner
-from minigrpo.grading.framework import CASES, GRADING_RUN_ENV, format_points, last_traceback_line, max_points
+from minigrpo.grading.framework import (
+    CASES,
+    GRADING_RUN_ENV,
+    format_points,
+    last_traceback_line,
+    max_points,
+    time_needed,
+)
 from minigrpo.grading.limits import NotebookRefused, printable, read_notebook
 from minigrpo.grading.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
 from minigrpo.grading.remote import INTERRUPT_WAIT_S
@@ -120,6 +132,7 @@ class Submission:
 
     path: Path
     student: str
+    folder: Path | None = None  # the graded folder it was found in: nothing outside it is read (None: path alone)
 
 
 @dataclass
@@ -202,12 +215,13 @@ def find_notebooks(path: str | Path) -> list[Path]:
 
 
 def expected_checks(nb) -> list[str]:
-    """The checks a notebook's code cells call, in order of first appearance."""
+    """The checks a notebook's code cells call, by their names or by an alias (`from minigrpo.grading import
+    check_kl_k3 as check`), in order of first appearance."""
     names: list[str] = []
     for cell in nb.cells:
         if cell.cell_type == "code":
             names += [n for n in _CHECK_CALL_RE.findall(cell.source) if n in CASES and n not in names]
-    return names
+    return names + [name for name in check_calls(nb) if name not in names]
 
 
 def _cell_error(nb, check: str) -> str | None:
@@ -221,28 +235,40 @@ def _cell_error(nb, check: str) -> str | None:
 
 
 def check_calls(nb) -> dict[str, dict]:
-    """check -> {"cell": index in nb.cells, "argument": the expression passed} of its last call in the code cells."""
-    from IPython.core.inputtransformer2 import TransformerManager  # %magics -> Python
-
+    """check -> {"cell": index in nb.cells, "argument": the expression passed} of its last call in the code cells
+    (cell magics' bodies included), whatever name the check is called by: its own, an attribute (`grading.check_x`),
+    or an alias bound by an import or an assignment (`as check`, `check = check_x`)."""
     calls: dict[str, dict] = {}
-    transformer = TransformerManager()
+    aliases: dict[str, str] = {}  # a name the notebook binds -> the check it stands for
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code" or "check_" not in cell.source:
+        if cell.cell_type != "code" or "check_" not in cell.source and not aliases:
             continue
-        try:
-            source = transformer.transform_cell(cell.source)
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError):
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
-            if name in CASES:
-                passed = node.args[0] if node.args else (node.keywords[0].value if node.keywords else None)
-                argument = ast.get_source_segment(source, passed) if passed is not None else None
-                calls[name] = {"cell": index, "argument": argument}
+        for source, tree in python_of(cell.source):
+            aliases.update(_check_aliases(tree))
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                name = name if name in CASES else aliases.get(getattr(node.func, "id", None))
+                if name in CASES:
+                    passed = node.args[0] if node.args else (node.keywords[0].value if node.keywords else None)
+                    argument = ast.get_source_segment(source, passed) if passed is not None else None
+                    calls[name] = {"cell": index, "argument": argument}
     return calls
+
+
+def _check_aliases(tree: ast.Module) -> dict[str, str]:
+    """Names bound to a check in `tree`: `from minigrpo.grading import check_x as y`, `y = check_x`, `y = g.check_x`."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minigrpo"):
+            aliases.update((a.asname, a.name) for a in node.names if a.asname and a.name in CASES)
+        elif isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute)):
+            named = getattr(node.value, "id", None) or getattr(node.value, "attr", None)
+            if named in CASES or named in aliases:
+                check = named if named in CASES else aliases[named]
+                aliases.update((t.id, check) for t in node.targets if isinstance(t, ast.Name))
+    return aliases
 
 
 def accept_records(records, expected: list[str]) -> tuple[dict[str, dict], list[str]]:
@@ -358,7 +384,7 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
     key = secrets.token_bytes(32)
     connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
     (folder / "judge").mkdir()
-    budget = deadline - time.monotonic()
+    budget = judge_budget(checks, deadline - time.monotonic())
     request = {
         "key": key.hex(),
         "checks": checks,
@@ -391,6 +417,13 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
         last = (err.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
         raise JudgeFailed(f"the judge stopped with exit code {process.returncode}: {last}")
     return read_answer(out, key)
+
+
+def judge_budget(checks: Sequence[str], time_left: float) -> float:
+    """Seconds the judge of `checks` gets: what is left of the notebook's limit, and never less than its checks'
+    cases' own limits (`framework.time_needed`), its start-up and its margin: a notebook whose cells were slow
+    still has every check judged, and a case that runs long costs its own points only."""
+    return max(time_left, sum(time_needed(name) for name in checks) + JUDGE_START_S + JUDGE_MARGIN_S)
 
 
 async def _read_until(process, budget: float) -> tuple[bytes, bytes, bool]:
@@ -435,11 +468,11 @@ def read_answer(out: bytes, key: bytes) -> list:
     raise JudgeFailed("no answer from the judge passed authentication")
 
 
-def _check_cells_ran(nb, checks: list[str]) -> bool:
-    """Did any cell that calls one of `checks` execute? (If none did, there is nothing to judge.)"""
+def _cells_ran(nb, stuck: int | None) -> bool:
+    """Did any code cell execute, other than one still stuck? (If none did, no check was called.)"""
     return any(
-        cell.cell_type == "code" and cell.get("execution_count") and any(n in cell.source for n in checks)
-        for cell in nb.cells
+        cell.cell_type == "code" and cell.get("execution_count") and index != stuck
+        for index, cell in enumerate(nb.cells)
     )
 
 
@@ -462,14 +495,17 @@ def _limit_words(limit: float, exercise: str | None, explicit: bool) -> str:
     return f"{limit:g} s ({TIME_LIMIT_FACTOR}x the {solution:g} s its solution takes to grade; --timeout sets another)"
 
 
-def _read(path: Path):
-    """(the notebook, None), or (None, why it cannot be read)."""
+def _read(path: Path, folder: Path | None = None):
+    """(the notebook, None), or (None, why it cannot be read): the error's type, never what the file holds."""
     import nbformat  # lazy, like the kernels module: an optional dependency
 
     try:
-        return nbformat.reads(read_notebook(path), as_version=4), None
+        return nbformat.reads(read_notebook(path, folder), as_version=4), None
+    except NotebookRefused as refused:
+        return None, f"cannot read {printable(str(path))}: {refused}"
     except Exception as error:  # this notebook scores 0; the others are still graded
-        reason = str(error) if isinstance(error, NotebookRefused) else last_traceback_line(error)
+        # nbformat's messages quote the file's text: the type is enough to say what to fix
+        reason = f"{type(error).__name__}: not a notebook in Jupyter's format (JSON, nbformat 4)"
         return None, f"cannot read {printable(str(path))}: {reason}"
 
 
@@ -494,7 +530,7 @@ async def _grade_notebook(
     submission: Submission, timeout: float | None, jobs: int, workdir: Path, interrupts: Interrupts
 ) -> NotebookReport:
     started = time.monotonic()
-    nb, unreadable = _read(submission.path)
+    nb, unreadable = _read(submission.path, submission.folder)
     report = _identified_report(submission, nb, timeout)
     checks = graded_checks(nb, report.exercise)
     if nb is None or report.status == "refused":
@@ -504,9 +540,10 @@ async def _grade_notebook(
         reason = report.errors[-1] if report.status == "refused" else None
         collect(nb, {name: {"check": name, "not_run": reason} for name in checks} if reason else {}, report, checks)
         return report
-    to_judge = [name for name in checks if name in expected_checks(nb)]
+    # every check of its exercise: the kernel says which ones ran, whatever name the notebook called them by
+    to_judge = checks
     records = []
-    if to_judge:  # a notebook without one of its exercise's checks has nothing to run
+    if to_judge:  # a notebook of no exercise that calls no check has nothing to run
         limit_words = _limit_words(report.time_limit, report.exercise, explicit=timeout is not None)
         records = await _run_and_judge(
             nb, submission.path, report, to_judge, jobs, workdir, interrupts, started, limit_words
@@ -603,14 +640,12 @@ def _out_of_time(report: NotebookReport, not_run: list[int], limit_words: str, i
 
 async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report) -> list:
     """The judge's records for `checks`, or a reason for each when it cannot run (a stuck kernel, no time left)."""
-    if not alive(kernel_pid) or not _check_cells_ran(nb, checks):
+    if not alive(kernel_pid) or not _cells_ran(nb, stuck):
         return []
     reason = None
     if stuck is not None:
         reason = f"not judged: the kernel was still running cell {stuck}, which did not stop when interrupted"
-    elif deadline - time.monotonic() < JUDGE_MARGIN_S + JUDGE_START_S:
-        reason = "not judged: the notebook's time limit was spent before its checks could be judged"
-    else:
+    else:  # however little of the notebook's limit is left, the judge has its checks' own time (judge_budget)
         try:
             return await _judge(nb, checks, client.km, kernel_pid, deadline, jobs, folder)
         except JudgeFailed as failed:

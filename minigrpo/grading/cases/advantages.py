@@ -72,8 +72,8 @@ def _advantage_cases() -> list[Case]:
     pairs = torch.randn(3, 2, generator=seeded(3))  # G = 2
     return [
         Case("the worked example (rewards 2/1/0, hand-computed)", 1, worked_example),
-        Case("random groups, B=6 G=8 (seed 2)", 1, compare(random_groups, 1e-4)),
-        Case("groups whose rewards are all equal get 0, not NaN (eps=0)", 1, compare(constant, 0.0)),
+        Case("random groups, B=6 G=8 (seed 2)", 1.5, compare(random_groups, 1e-4)),
+        Case("groups whose rewards are all equal get 0, not NaN (eps=0)", 0.5, compare(constant, 0.0)),
         Case("G=2, eps=1e-2 (seed 3)", 1, compare(pairs, 1e-2)),
     ]
 
@@ -95,11 +95,11 @@ def _rloo_cases() -> list[Case]:
 
         return run
 
+    worked = torch.tensor([WORKED_EXAMPLE_REWARDS])  # (1, 8)
+    random_groups = torch.randn(5, 4, generator=seeded(4))  # (B, G) = (5, 4)
     return [
-        Case(
-            "the worked example", 1, compare(torch.tensor([WORKED_EXAMPLE_REWARDS]), "RLOO advantages (worked example)")
-        ),
-        Case("random groups, B=5 G=4 (seed 4)", 1, compare(torch.randn(5, 4, generator=seeded(4)), "RLOO advantages")),
+        Case("the worked example", 0.5, compare(worked, "RLOO advantages (worked example)")),
+        Case("random groups, B=5 G=4 (seed 4)", 1.5, compare(random_groups, "RLOO advantages")),
     ]
 
 

@@ -68,14 +68,14 @@ def _aggregation_cases() -> list[Case]:
         cases.append(
             Case(
                 f"{loss_type}: hand-made, lengths 4 and 1 -> {want}",
-                1,
+                0.5,
                 compare(hand_loss, hand_mask, loss_type, 4, torch.tensor(want), "(hand-made)"),
             )
         )
         cases.append(
             Case(
                 f"{loss_type}: random (6, 8), max_completion_length 10 (seed 13)",
-                1,
+                1.5,
                 compare(loss, mask, loss_type, 10, None, "(random)"),
             )
         )

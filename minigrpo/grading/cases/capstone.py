@@ -38,6 +38,7 @@ from minigrpo.grading.framework import (
     Case,
     CheckResult,
     Mismatch,
+    case_seed,
     cases,
     check,
     expect_close,
@@ -55,7 +56,7 @@ from minigrpo.grading.labs import (
     single_thread,
     tiny_model_and_tokenizer,
 )
-from minigrpo.grading.own_code import stage_function_uses
+from minigrpo.grading.own_code import stage_function_uses, unwritten
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer
 
@@ -94,8 +95,8 @@ def check_capstone_completion_mask(completion_mask: Callable) -> CheckResult:
 # --- the sampler: its guarantees, not its tokens ----------------------------------------------
 def _sample(learner, G: int, temperature: float, max_new_tokens: int = 24, seed: int = 0) -> tuple[dict, dict]:
     model, tokenizer = tiny_model_and_tokenizer()
-    batch = _batch(PROMPTS)
-    torch.manual_seed(seed)
+    batch = _batch(PROMPTS, seed=case_seed(11))
+    torch.manual_seed(case_seed(seed))
     with single_thread():
         out = learner(model, tokenizer, batch["prompt"], G, max_new_tokens, temperature)
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -207,7 +208,8 @@ def _logps_cases() -> list[Case]:
             model, tokenizer = tiny_model_and_tokenizer()
             with tempfile.TemporaryDirectory() as tmp, single_thread():
                 config = capstone_config(tmp, prompts_per_step=PROMPTS, temperature=temperature, beta=0.0)
-                rollout, _ = seeded_rollout(model, tokenizer, _batch(PROMPTS), config, None, seed)
+                batch = _batch(PROMPTS, seed=case_seed(11))
+                rollout, _ = seeded_rollout(model, tokenizer, batch, config, None, case_seed(seed))
                 T = rollout.completion_ids.shape[1]
                 with torch.no_grad():
                     want, _ = logprobs_module.per_token_logps(
@@ -364,7 +366,8 @@ def _exact_setup(seed: int, **overrides):
     rollout dict, advantages, old, ref, the recording) - the recording has the trainer's `losses`, `gradients` and
     `weights` per optimizer step. The copy has never run in the package, whose forward passes leave hooks on a model
     that cannot be sent to the learner's kernel."""
-    config, rollout, advantages, old, ref, recording = _recorded_update(seed, tuple(sorted(overrides.items())))
+    settings = tuple(sorted(overrides.items()))
+    config, rollout, advantages, old, ref, recording = _recorded_update(case_seed(seed), settings)
     return tiny_model_and_tokenizer()[0], config, dict(rollout), advantages, old, ref, recording
 
 
@@ -534,11 +537,12 @@ def _own_code_cases() -> list[Case]:
         cells = notebook_cells()
         if cells is None:
             raise Mismatch("the notebook's cells are not available here: run this check in the notebook, or grade it.")
-        stubs = sum("raise NotImplementedError(" in cell for cell in cells)
+        stubs = unwritten(cells)
         if stubs:
             raise Mismatch(
-                f"{stubs} cell(s) still raise NotImplementedError: this check grades your own code once it is all "
-                "written (it reads the cells: none may import or call a stage function of minigrpo)."
+                f"{stubs} of the exercise's stub lines still raise NotImplementedError: this check "
+                "grades your own code once it is all written (it reads the cells: none may import or call a stage "
+                "function of minigrpo)."
             )
         uses = stage_function_uses(cells)
         if uses:

@@ -94,7 +94,7 @@ def _completion_mask_cases() -> list[Case]:
     return [
         Case(
             "EOS then padding; an EOS at position 0 keeps exactly that token",
-            1,
+            0.5,
             _compare(
                 torch.tensor([[7, 8, EOS, PAD, PAD], [EOS, PAD, PAD, PAD, PAD], [9, EOS, PAD, PAD, PAD]]),
                 [EOS],
@@ -106,7 +106,7 @@ def _completion_mask_cases() -> list[Case]:
         ),
         Case(
             "no EOS: a truncated completion keeps every token",
-            1,
+            0.5,
             _compare(
                 torch.tensor([[5, 6, 7, 8], [6, EOS, PAD, PAD]]),
                 [EOS],
@@ -118,7 +118,7 @@ def _completion_mask_cases() -> list[Case]:
         ),
         Case(
             "tokens after the first EOS (even another EOS) are not part of the completion",
-            1,
+            0.5,
             _compare(
                 torch.tensor([[5, EOS, 6, 7, EOS], [EOS, 7, EOS, PAD, PAD]]),
                 [EOS],
@@ -130,7 +130,7 @@ def _completion_mask_cases() -> list[Case]:
         ),
         Case(
             "pad == EOS (pad_token = eos_token): the EOS still counts, the padding does not",
-            1,
+            0.5,
             _compare(
                 torch.tensor([[5, 6, EOS, EOS, EOS], [5, EOS, EOS, EOS, EOS], [EOS, EOS, EOS, EOS, EOS]]),
                 [EOS],
@@ -142,7 +142,7 @@ def _completion_mask_cases() -> list[Case]:
         ),
         Case(
             "Qwen2.5: EOS ids <|im_end|> and <|endoftext|>, pad <|endoftext|>",
-            1,
+            0.5,
             _compare(
                 torch.tensor([[40, 41, IM_END, ENDOFTEXT, ENDOFTEXT], [40, ENDOFTEXT] + [ENDOFTEXT] * 3, [40] * 5]),
                 [IM_END, ENDOFTEXT],
@@ -154,7 +154,7 @@ def _completion_mask_cases() -> list[Case]:
         ),
         Case(
             "random (8, 12) batch, EOS ids 2 and 3, pad 0 (seed 13), vs the reference",
-            1,
+            3.5,
             _compare(
                 _random_batch(seeded(13)),
                 [2, 3],

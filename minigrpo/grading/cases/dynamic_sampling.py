@@ -70,9 +70,9 @@ def _filter_cases() -> list[Case]:
         _expect_mask(learner(grouped.clone()), grouped, "random 0/1 rewards (40, 4)")
 
     return [
-        Case("hand-made: the worked example, all right, all wrong, one lucky success", 1, hand),
-        Case("G = 2: a pair is kept exactly when its rewards differ", 1, pairs),
-        Case("random 0/1 rewards, 40 groups of 4 (seed 14)", 1, random_case),
+        Case("hand-made: the worked example, all right, all wrong, one lucky success", 0.5, hand),
+        Case("G = 2: a pair is kept exactly when its rewards differ", 0.5, pairs),
+        Case("random 0/1 rewards, 40 groups of 4 (seed 14)", 2, random_case),
     ]
 
 
@@ -156,11 +156,11 @@ def _fill_cases() -> list[Case]:
         _expect_batch(learner, rounds, 5, 6, "random 0/1 rewards, want 5 groups of 4, max_rounds=6 (seed 41)")
 
     return [
-        Case("refill: two rounds, the extra group of the last one dropped", 2, refill),
-        Case("G = 2: one round fills the batch, no second round", 1, full_at_once),
-        Case("max_rounds reached: train on what was kept", 1, rounds_run_out),
-        Case("all groups constant: nothing kept after max_rounds", 1, nothing_to_keep),
-        Case("random rounds (seed 41)", 1, random_case),
+        Case("refill: two rounds, the extra group of the last one dropped", 1, refill),
+        Case("G = 2: one round fills the batch, no second round", 0.5, full_at_once),
+        Case("max_rounds reached: train on what was kept", 0.5, rounds_run_out),
+        Case("all groups constant: nothing kept after max_rounds", 0.5, nothing_to_keep),
+        Case("random rounds (seed 41)", 3.5, random_case),
     ]
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.grading.exercises import exercise
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_close, run_check
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, case_seed, cases, check, expect_close, run_check
 from minigrpo.grading.labs import reference_grpo_steps, single_thread, small_grpo_config, tiny_model_and_tokenizer
 from minigrpo.models import make_reference_model
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
@@ -23,14 +23,15 @@ from minigrpo.trainer import GRPOTrainer
 
 @cases("check_grpo_step", references=[GRPOTrainer, reference_grpo_steps])
 def _grpo_step_cases() -> list[Case]:
-    def compare(overrides: dict, seeds: list[int]):
+    def compare(overrides: dict, case_seeds: list[int]):
         def run(learner):
             with tempfile.TemporaryDirectory() as tmp, single_thread():
                 config = small_grpo_config(tmp, **overrides)
-                data = make_arithmetic_dataset(4 * len(seeds), "train", seed=7)
-                batches = [data[4 * i : 4 * i + 4] for i in range(len(seeds))]
+                data = make_arithmetic_dataset(4 * len(case_seeds), "train", seed=case_seed(7))
+                batches = [data[4 * i : 4 * i + 4] for i in range(len(case_seeds))]
                 base, tokenizer = tiny_model_and_tokenizer()
                 reference_model = copy.deepcopy(base)
+                seeds = [case_seed(seed) for seed in case_seeds]
                 want, trainer = reference_grpo_steps(reference_model, tokenizer, batches, config, seeds)
                 model = copy.deepcopy(base)
                 ref_model = make_reference_model(base) if config.beta != 0 else None

@@ -105,8 +105,8 @@ def _kl_loss_gradient_cases() -> list[Case]:
             expect_gradient(learner, estimator, logits, ref_logits, want, "random logits (V = 6)", hint)
 
     values = {"k1": "0, 0", "k2": "+0.274653, -0.274653", "k3": "+0.25, -0.25", "rho_k3": "+0.274653, -0.274653"}
-    return [Case(f"hand-made {name}: ({values[name]})", 1, hand(name)) for name in KL_LOSSES] + [
-        Case("random logits, V = 6, all four losses (seed 13)", 1, random_case)
+    return [Case(f"hand-made {name}: ({values[name]})", 0.5, hand(name)) for name in KL_LOSSES] + [
+        Case("random logits, V = 6, all four losses (seed 13)", 3, random_case)
     ]
 
 

@@ -98,9 +98,9 @@ def _ratio_cases() -> list[Case]:
         expect_close(got_grad, want, atol=1e-5, what="d rho / d logp", hint="d rho / d logp = rho.")
 
     return [
-        Case("hand-made: pi_theta / pi_old = 2, 1/2, 1, 0.8", 1, hand),
-        Case("on-policy (old = logp.detach()): rho == 1, gradient 1 (seed 21)", 1, on_policy),
-        Case("random (4, 7) log-probs, value and gradient (seed 22)", 1, random_case),
+        Case("hand-made: pi_theta / pi_old = 2, 1/2, 1, 0.8", 0.5, hand),
+        Case("on-policy (old = logp.detach()): rho == 1, gradient 1 (seed 21)", 0.5, on_policy),
+        Case("random (4, 7) log-probs, value and gradient (seed 22)", 2, random_case),
     ]
 
 
@@ -242,12 +242,12 @@ def _clip_cases() -> list[Case]:
     random_case = compare(ratio, advantages, mask, 0.2, 0.28, "fractions of random ratios")
 
     return [
-        Case("hand-made: A = +1 / -1, eps 0.2 / 0.28 -> 1/6, 1/6, 1/3", 1, hand),
-        Case("padding on the left and the right is not counted -> 1/3, 0, 1/3", 1, padded),
-        Case("an all-padding batch gives 0, not NaN", 1, empty),
-        Case("every advantage positive: nothing is low-clipped -> 0, 1/3, 1/3", 1, positive),
-        Case("a 4-token and a 1-token completion: a token mean, 4/5", 1, lengths),
-        Case("random (6, 9) ratios, a zero advantage, eps 0.2 / 0.28, right padding (seed 23)", 1, random_case),
+        Case("hand-made: A = +1 / -1, eps 0.2 / 0.28 -> 1/6, 1/6, 1/3", 0.5, hand),
+        Case("padding on the left and the right is not counted -> 1/3, 0, 1/3", 0.5, padded),
+        Case("an all-padding batch gives 0, not NaN", 0.5, empty),
+        Case("every advantage positive: nothing is low-clipped -> 0, 1/3, 1/3", 0.5, positive),
+        Case("a 4-token and a 1-token completion: a token mean, 4/5", 0.5, lengths),
+        Case("random (6, 9) ratios, a zero advantage, eps 0.2 / 0.28, right padding (seed 23)", 3.5, random_case),
     ]
 
 

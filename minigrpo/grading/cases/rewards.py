@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 
 from minigrpo.grading.exercises import exercise
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, expect_equal, run_check
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, case_seed, cases, check, expect_equal, run_check
 from minigrpo.tasks import arithmetic
 
 _EXTRACT_HINT = (
@@ -25,7 +25,7 @@ def _extract_cases() -> list[Case]:
         return run
 
     def random_texts(learner):
-        rng = random.Random(0)
+        rng = random.Random(case_seed(0))
         pieces = ["<answer>", "</answer>", " ", "so", "=", "-", "+", "The answer is", "x", "\n"]
         for _ in range(300):
             parts = [rng.choice(pieces + [str(rng.randint(-99, 999))] * 4) for _ in range(rng.randint(0, 7))]
@@ -43,9 +43,9 @@ def _extract_cases() -> list[Case]:
         "": None,
     }
     return [
-        Case("tagged answers (hand-made)", 1, hand(tagged)),
-        Case("last tag wins, else the last number, else None (hand-made)", 1, hand(fallback)),
-        Case("300 random texts vs the reference (seed 0)", 1, random_texts),
+        Case("tagged answers (hand-made)", 0.5, hand(tagged)),
+        Case("last tag wins, else the last number, else None (hand-made)", 0.5, hand(fallback)),
+        Case("300 random texts vs the reference (seed 0)", 2, random_texts),
     ]
 
 
@@ -62,7 +62,7 @@ def _call_reward(learner, completions: list[str], answers: list[str]) -> list[fl
 
 
 def _random_completions(seed: int, n: int) -> tuple[list[str], list[str]]:
-    rng = random.Random(seed)
+    rng = random.Random(case_seed(seed))
     completions, answers = [], []
     for _ in range(n):
         answer = rng.randint(0, 198)
@@ -101,8 +101,8 @@ def _graded_reward_cases() -> list[Case]:
             expect_equal(g, w, what=f"reward of {text!r} (answer {answer})", hint=_REWARD_HINT)
 
     return [
-        Case("the worked example: 8 answers to 12 + 7, rewards 2/1/0", 2, worked_example),
-        Case("200 random completions vs the reference (seed 1)", 1, random_cases),
+        Case("the worked example: 8 answers to 12 + 7, rewards 2/1/0", 1, worked_example),
+        Case("200 random completions vs the reference (seed 1)", 2, random_cases),
     ]
 
 

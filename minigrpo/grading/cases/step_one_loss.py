@@ -10,7 +10,7 @@ import torch
 
 from minigrpo.advantages import group_relative_advantages
 from minigrpo.grading.exercises import exercise
-from minigrpo.grading.framework import Case, CheckResult, cases, check, expect_close, run_check, seeded
+from minigrpo.grading.framework import Case, CheckResult, case_seed, cases, check, expect_close, run_check, seeded
 from minigrpo.grading.labs import (
     reference_grpo_steps,
     seeded_rollout,
@@ -71,17 +71,18 @@ def _step_one_cases() -> list[Case]:
 
     def observed(learner):
         with tempfile.TemporaryDirectory() as tmp, single_thread():
-            batch = make_arithmetic_dataset(4, "train", seed=5)[:4]
+            batch = make_arithmetic_dataset(4, "train", seed=case_seed(5))[:4]
             for loss_type in ("grpo", "dapo", "dr_grpo"):
                 config = small_grpo_config(tmp, loss_type=loss_type)
                 model, tokenizer = tiny_model_and_tokenizer()
-                rollout, rewards = seeded_rollout(model, tokenizer, batch, config, copy.deepcopy(model), seed=3)
+                reference = copy.deepcopy(model)
+                rollout, rewards = seeded_rollout(model, tokenizer, batch, config, reference, seed=case_seed(3))
                 grouped = rewards.view(-1, config.num_generations)  # (B, G)
                 adv = group_relative_advantages(
                     grouped, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
                 ).flatten()
                 lengths = rollout.completion_mask.sum(1)  # (N,)
-                (metrics,), _ = reference_grpo_steps(model, tokenizer, [batch], config, [3])
+                (metrics,), _ = reference_grpo_steps(model, tokenizer, [batch], config, [case_seed(3)])
                 got = learner(adv, lengths, loss_type, config.max_completion_length)
                 expect_close(
                     torch.tensor(float(got)),

@@ -1,0 +1,56 @@
+"""A notebook's code cells as the Python they run: IPython's magics turned into calls, cell magics' bodies included.
+
+IPython turns `%%capture` (any cell magic) into `get_ipython().run_cell_magic('capture', '', BODY)`, the body a
+string, so a reader of the cell's syntax tree sees none of the code the magic runs. `python_of(cell)` gives the cell's
+Python and the Python of every cell magic's body that parses (nested magics too): what the grader reads for the checks
+a cell calls and the package's functions it uses. A body that does not parse as Python (`%%bash`) is left out.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+
+_MAX_NESTING = 4
+"""Cell magics inside cell magics' bodies, followed this deep: enough for real notebooks, bounded for crafted ones."""
+
+
+@functools.cache
+def _transformer():
+    from IPython.core.inputtransformer2 import TransformerManager  # %magics -> Python
+
+    return TransformerManager()
+
+
+def python_of(cell: str) -> list[tuple[str, ast.Module]]:
+    """[(Python source, its syntax tree)] of a code cell and of each cell magic's body in it; [] when the cell does
+    not parse (it runs nothing)."""
+    return _python_of(cell, 0)
+
+
+def _python_of(cell: str, depth: int) -> list[tuple[str, ast.Module]]:
+    try:
+        source = _transformer().transform_cell(cell)
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, TypeError):
+        return []
+    found = [(source, tree)]
+    if depth < _MAX_NESTING:
+        for body in _cell_magic_bodies(tree):
+            found += _python_of(body, depth + 1)
+    return found
+
+
+def _cell_magic_bodies(tree: ast.Module) -> list[str]:
+    """The bodies of `run_cell_magic(name, line, body)` calls whose body is a string in the source."""
+    bodies = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", None) == "run_cell_magic"
+            and len(node.args) == 3
+            and isinstance(node.args[2], ast.Constant)
+            and isinstance(node.args[2].value, str)
+        ):
+            bodies.append(node.args[2].value)
+    return bodies
