@@ -65,6 +65,7 @@ SLOW_TESTS = [
     "tests/test_grading_cheats.py",
     "tests/test_grading_isolation.py",
     "tests/test_instructors_guide.py",
+    "tests/test_grading_replay.py",  # every check under several secrets, and a graded class: minutes
 ]
 SLOW_CASES = ["tests/test_grading.py::test_grading_solutions_gives_full_marks_and_exercises_zero"]
 
