@@ -152,8 +152,10 @@ def _fill_cases() -> list[Case]:
 
     def random_case(learner):
         g = seeded(41)
-        rounds = torch.randint(0, 2, (6, 5, 4), generator=g).float().tolist()  # 6 rounds of 5 groups, G = 4
-        _expect_batch(learner, rounds, 5, 6, "random 0/1 rewards, want 5 groups of 4, max_rounds=6 (seed 41)")
+        # 8 rounds of 8 groups, G = 4, a reward 1 with probability 0.15: about half the groups carry signal, so the
+        # kept pairs differ from draw to draw (at p = 0.5, half of all draws keep round 0's five groups: one answer)
+        rounds = torch.bernoulli(torch.full((8, 8, 4), 0.15), generator=g).tolist()
+        _expect_batch(learner, rounds, 6, 8, "random 0/1 rewards, want 6 groups of 4, max_rounds=8 (seed 41)")
 
     return [
         Case("refill: two rounds, the extra group of the last one dropped", 1, refill),
