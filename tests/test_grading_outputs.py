@@ -79,7 +79,7 @@ def test_a_checks_text_is_what_the_notebooks_check_cell_prints(records, capsys):
     run_check("check_group_relative_advantages", nan_on_equal_rewards)
     printed = capsys.readouterr().out
     assert check_text(records["grpo_wrong"]) + "\n" == printed
-    assert "FAIL  groups whose rewards are all equal get 0, not NaN (eps=0)  [0/1]" in printed
+    assert "FAIL  groups whose rewards are all equal get 0, not NaN (eps=0)  [0/0.5]" in printed
     assert "NaN where the answer has none" in printed  # the hint reaches the student
 
 
@@ -94,8 +94,8 @@ def test_one_feedback_file_per_student_with_their_gradebook_row_and_every_notebo
     assert sorted(p.name for p in (tmp_path / "feedback").iterdir()) == ["ann.md", "ben.md", "c__b_x__b___31m.md"]
     assert set(written) == {r.student for r in reports}
     ann = written["ann"].read_text()
-    assert ann.startswith("# Feedback for `ann`\n\nGraded by minigrpo " + __version__ + ": 5 of 6 points.\n")
-    assert f"| {EXERCISE.id} | 5 | 6 |" in ann
+    assert ann.startswith("# Feedback for `ann`\n\nGraded by minigrpo " + __version__ + ": 5.5 of 6 points.\n")
+    assert f"| {EXERCISE.id} | 5.5 | 6 |" in ann
     counted, other = ann.index("Notebook: `02_mine.ipynb`\n"), ann.index("Notebook: `02_old.ipynb` (not counted)")
     assert counted < other  # the notebook that counts comes first
     assert check_text(records["grpo_wrong"]) in ann and f"  did not run: {NOT_FOUND}" in ann
@@ -123,15 +123,15 @@ def test_results_follow_gradescopes_schema_one_test_per_check_the_best_notebook_
     result = results(reports[:2], ["02", "05"], seconds=12.4)
     jsonschema.validate(result, SCHEMA)
     assert [(t["name"], t["score"], t["max_score"], t["status"]) for t in result["tests"]] == [
-        ("02 check_group_relative_advantages", 3.0, 4.0, "failed"),
+        ("02 check_group_relative_advantages", 3.5, 4.0, "failed"),
         ("02 check_rloo_advantages", 2.0, 2.0, "passed"),
         ("05 check_kl_k3", 0.0, 3.0, "failed"),  # asked for, not handed in: 0 of its maximum
     ]
-    assert result["score"] == 5.0 and result["execution_time"] == 12
+    assert result["score"] == 5.5 and result["execution_time"] == 12
     assert result["tests"][0]["output"] == check_text(reports[0].checks[0])
     assert "no notebook of exercise 05_kl_k3_estimator was found" in result["tests"][2]["output"]
     lines = result["output"].splitlines()
-    assert lines[0] == f"minigrpo {__version__} graded 2 notebook(s): 5/9 points."
+    assert lines[0] == f"minigrpo {__version__} graded 2 notebook(s): 5.5/9 points."
     assert "02_old.ipynb: not counted (exercise 02_group_relative_advantages, another notebook of it counts)" in lines
 
 
