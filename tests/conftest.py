@@ -1,6 +1,7 @@
 """Shared fixtures: the bundled tiny Qwen (offline), small datasets and configs. (../conftest.py: offline, quick.)"""
 
 import pytest
+import torch
 
 from minigrpo import GRPOConfig, load_model_and_tokenizer, make_arithmetic_dataset
 
@@ -38,3 +39,13 @@ def small_config(tmp_path):
         lr_scheduler_type="constant",
         output_dir=str(tmp_path / "run"),
     )
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test (used by the files whose tests run the tiny model many times): its ops are too
+    small to gain from threads, and lose a lot when the CPUs are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -35,12 +35,7 @@ FUNCTIONS = {
 EXACTNESS = [name for name in FUNCTIONS if name != "check_capstone_learns"]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def solution(*edits: tuple[str, str]) -> dict:

@@ -34,13 +34,7 @@ from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, extract_answer, gr
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The tiny model's ops are too small to gain from threads, and lose a lot when the CPUs are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # --- reference and planted-wrong implementations --------------------------------------

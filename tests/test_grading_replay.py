@@ -31,12 +31,7 @@ SLOW = {"check_grpo_step", "check_step_one_loss"}
 CHEAP = sorted(set(CHECKS) - QUESTIONS - SLOW)
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def test_case_seed_is_the_seed_in_a_notebook_and_an_hmac_of_the_secret_when_judged():

@@ -12,13 +12,7 @@ from minigrpo.losses import clip_fractions
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer
 
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def fractions(low, high, mean):
