@@ -222,6 +222,23 @@ def per_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_m
     return log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)  # (n, T)
 
 
+def rows_logps(model, rollout: Rollout, rows: slice, args: Args) -> torch.Tensor:
+    """per_token_logps of the rollout's completions in `rows` (a micro-batch), (n, T)."""
+    return per_token_logps(
+        model,
+        rollout.prompt_ids[rows],
+        rollout.prompt_mask[rows],
+        rollout.completion_ids[rows],
+        rollout.completion_mask[rows],
+        args.temperature,
+    )
+
+
+def row_slices(N: int, size: int) -> list[slice]:
+    """N rows in micro-batches of `size` rows (the last one may be smaller)."""
+    return [slice(start, start + size) for start in range(0, N, size)]
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(n, T) -> (n,): the sum over each row's counted tokens. torch.where, not values * mask: a padding position's
     inf (an overflowing KL) times 0 would be NaN."""
@@ -294,21 +311,13 @@ def grpo_update(model, optimizer, rollout: Rollout, advantages: torch.Tensor, ar
     are means over a micro-batch, so each of the M equal micro-batches counts 1/M; dapo already divides every
     micro-batch by the tokens of the whole step, so its micro-batch losses simply add up.
     """
-    N, size = len(advantages), args.per_device_train_batch_size
-    micro_batches = [slice(start, start + size) for start in range(0, N, size)]
+    micro_batches = row_slices(len(advantages), args.per_device_train_batch_size)
     step_tokens = int(rollout.completion_mask.sum())  # dapo's normaliser
     scale = 1.0 if args.loss_type == "dapo" else 1.0 / len(micro_batches)
     optimizer.zero_grad(set_to_none=True)
     step_loss = 0.0
     for rows in micro_batches:
-        logps = per_token_logps(
-            model,
-            rollout.prompt_ids[rows],
-            rollout.prompt_mask[rows],
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
-            args.temperature,
-        )  # (n, T)
+        logps = rows_logps(model, rollout, rows, args)  # (n, T)
         old = None if rollout.old_logps is None else rollout.old_logps[rows]
         ref = None if rollout.ref_logps is None else rollout.ref_logps[rows]
         loss = scale * grpo_loss(logps, old, ref, advantages[rows], rollout.completion_mask[rows], args, step_tokens)
@@ -326,19 +335,8 @@ def grpo_update(model, optimizer, rollout: Rollout, advantages: torch.Tensor, ar
 @torch.no_grad()
 def batched_logps(model, rollout: Rollout, args: Args) -> torch.Tensor:
     """log-probs (N, T) of the rollout's completions under `model` (pi_old or pi_ref), without gradients."""
-    size, N = args.per_device_train_batch_size, len(rollout.completion_ids)
-    parts = [
-        per_token_logps(
-            model,
-            rollout.prompt_ids[rows],
-            rollout.prompt_mask[rows],
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
-            args.temperature,
-        )
-        for rows in (slice(start, start + size) for start in range(0, N, size))
-    ]
-    return torch.cat(parts)  # (N, T)
+    rows = row_slices(len(rollout.completion_ids), args.per_device_train_batch_size)
+    return torch.cat([rows_logps(model, rollout, part, args) for part in rows])  # (N, T)
 
 
 def collect_rollout(model, ref_model, tokenizer, batch: dict, args: Args) -> tuple[Rollout, torch.Tensor, float]:
