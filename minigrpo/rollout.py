@@ -401,11 +401,23 @@ class GroupSeededSampling(LogitsProcessor):
     drawn from the softmax of the warped scores, then it gets score 0 and every
     other token -inf, so greedy decoding picks it.
 
-    Symbol       | Shape  | Description
-    -------------|--------|------------------------------------------------
-    prompt_mask  | (N, P) | left-padded prompt mask, N = B * G rows, group-major
-    group_seeds  | B ints | one seed per group
+    The draw is the exponential form of the Gumbel-max trick, the one
+    torch.multinomial itself uses for a single sample: with q_v ~ Exp(1)
+    independent, argmax_v p_v / q_v is token v with probability p_v. Drawing
+    it ourselves lets one call per group fill the noise of many steps at once
+    (NOISE_BLOCK_ELEMENTS), instead of one multinomial call per group per
+    token; on the CPU the tokens are the very ones torch.multinomial(p, 1)
+    would draw from the same generators (tests/test_rollout.py checks it).
+
+    Symbol       | Shape     | Description
+    -------------|-----------|------------------------------------------------
+    prompt_mask  | (N, P)    | left-padded prompt mask, N = B * G rows, group-major
+    group_seeds  | B ints    | one seed per group
+    noise        | (k, N, V) | Exp(1) noise of the next k steps, group b's rows from group b's generator
     """
+
+    NOISE_BLOCK_ELEMENTS = 2**22
+    """At most this many noise values (16 MiB in fp32) are drawn ahead; at least one step's are."""
 
     def __init__(self, config, prompt_mask: torch.Tensor, group_seeds: list[int], num_generations: int):
         if len(group_seeds) * num_generations != prompt_mask.shape[0]:
@@ -416,6 +428,7 @@ class GroupSeededSampling(LogitsProcessor):
         self.warpers = sampling_warpers(config, prompt_mask)
         self.generators = [torch.Generator(prompt_mask.device).manual_seed(int(seed)) for seed in group_seeds]
         self.num_generations = num_generations
+        self.noise: list[torch.Tensor] = []  # the next steps' (N, V) noise, in order
 
     def warp(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """(N, V) next-token scores -> (N, V) scores the tokens are sampled from."""
@@ -423,14 +436,19 @@ class GroupSeededSampling(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         probs = self.warp(input_ids, scores).float().softmax(dim=-1)  # (N, V)
-        probs = probs.view(len(self.generators), self.num_generations, -1)  # (B, G, V)
-        tokens = torch.cat(
-            [
-                torch.multinomial(group, 1, generator=generator)
-                for group, generator in zip(probs, self.generators, strict=True)
-            ]
-        )  # (N, 1)
+        tokens = (probs / self.next_noise(probs)).argmax(dim=-1, keepdim=True)  # (N, 1): token v w.p. p_v
         return torch.full_like(scores, float("-inf")).scatter_(1, tokens, 0.0)  # (N, V)
+
+    def next_noise(self, probs: torch.Tensor) -> torch.Tensor:
+        """This step's Exp(1) noise, (N, V) like probs: drawn k steps at a time, each group from its generator."""
+        if not self.noise:
+            N, V = probs.shape
+            steps = max(1, self.NOISE_BLOCK_ELEMENTS // (N * V))
+            G = self.num_generations
+            # Group b's (steps, G, V) block uses its generator exactly as `steps` calls of multinomial on (G, V) would
+            blocks = [probs.new_empty(steps, G, V).exponential_(generator=g) for g in self.generators]
+            self.noise = list(torch.cat(blocks, dim=1).unbind(0))  # steps x (N, V), rows group-major
+        return self.noise.pop(0)
 
 
 @torch.no_grad()

@@ -240,3 +240,29 @@ def test_without_seeds_torch_manual_seed_reproduces_the_sampling(tiny, train_dat
     first = sample(0)
     assert torch.equal(first, sample(0))
     assert len({tuple(row.tolist()) for row in first}) > 1  # it samples: the completions are not all alike
+
+
+@pytest.mark.parametrize("block_elements", [2**22, 3 * 6 * 11])  # every step's noise in one block; 3 steps a block
+def test_the_draw_gives_the_tokens_torch_multinomial_gives_from_the_same_seeds(monkeypatch, block_elements):
+    monkeypatch.setattr(GroupSeededSampling, "NOISE_BLOCK_ELEMENTS", block_elements)
+    config = GRPOConfig.tiny_cpu(num_generations=2)
+    seeds, steps = [3, 4, 5], 10
+    sampler = GroupSeededSampling(config, torch.ones(6, 4, dtype=torch.long), seeds, num_generations=2)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    scores = torch.randn(steps, 6, 11, generator=torch.Generator().manual_seed(0))  # (steps, N, V)
+    for t in range(steps):
+        drawn = sampler(torch.zeros(6, 4 + t, dtype=torch.long), scores[t].clone())  # (N, V): 0 at the token
+        assert (torch.isfinite(drawn).sum(dim=1) == 1).all()
+        probs = scores[t].softmax(dim=-1).view(3, 2, 11)  # (B, G, V)
+        expected = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators, strict=True)])
+        assert torch.equal(drawn.argmax(dim=1, keepdim=True), expected), t
+
+
+def test_the_draw_follows_the_softmax():
+    config = GRPOConfig.tiny_cpu(num_generations=20_000)
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    sampler = GroupSeededSampling(config, torch.ones(20_000, 1, dtype=torch.long), [0], num_generations=20_000)
+    tokens = sampler(torch.zeros(20_000, 1, dtype=torch.long), probs.log().expand(20_000, 4)).argmax(dim=1)
+    frequencies = torch.bincount(tokens, minlength=4) / 20_000
+    assert frequencies[3] == 0  # probability 0 is never drawn
+    assert torch.allclose(frequencies[:3], probs[:3], atol=0.015)  # 4.5 standard errors of the largest
