@@ -417,7 +417,8 @@ class GroupSeededSampling(LogitsProcessor):
     """
 
     NOISE_BLOCK_ELEMENTS = 2**22
-    """At most this many noise values (16 MiB in fp32) are drawn ahead; at least one step's are."""
+    """At most this many noise values (16 MiB in fp32) are drawn ahead, and never past max_completion_length
+    (each value costs time to draw); at least one step's are."""
 
     def __init__(self, config, prompt_mask: torch.Tensor, group_seeds: list[int], num_generations: int):
         if len(group_seeds) * num_generations != prompt_mask.shape[0]:
@@ -428,6 +429,7 @@ class GroupSeededSampling(LogitsProcessor):
         self.warpers = sampling_warpers(config, prompt_mask)
         self.generators = [torch.Generator(prompt_mask.device).manual_seed(int(seed)) for seed in group_seeds]
         self.num_generations = num_generations
+        self.steps_left = config.max_completion_length  # generate makes at most this many sampling steps
         self.noise: list[torch.Tensor] = []  # the next steps' (N, V) noise, in order
 
     def warp(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -443,7 +445,8 @@ class GroupSeededSampling(LogitsProcessor):
         """This step's Exp(1) noise, (N, V) like probs: drawn k steps at a time, each group from its generator."""
         if not self.noise:
             N, V = probs.shape
-            steps = max(1, self.NOISE_BLOCK_ELEMENTS // (N * V))
+            steps = max(1, min(self.steps_left, self.NOISE_BLOCK_ELEMENTS // (N * V)))
+            self.steps_left -= steps
             G = self.num_generations
             # Group b's (steps, G, V) block uses its generator exactly as `steps` calls of multinomial on (G, V) would
             blocks = [probs.new_empty(steps, G, V).exponential_(generator=g) for g in self.generators]
