@@ -520,8 +520,9 @@ def sample_group_rollout(
     saved); reference log-probs only when beta > 0.
     """
     device = next(model.parameters()).device
-    group_prompts = repeat_for_group(prompts, config.num_generations)
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, group_prompts, config.max_prompt_length, device)
+    # Each prompt is rendered and tokenized once, then repeated G times (group-major): (B, P) -> (N, P)
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, device)
+    prompt_ids, prompt_mask = (x.repeat_interleave(config.num_generations, dim=0) for x in (prompt_ids, prompt_mask))
     completion_ids = generate_completions(
         model,
         tokenizer,
