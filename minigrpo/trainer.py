@@ -52,7 +52,7 @@ from minigrpo.rewards import (
 from minigrpo.rollout import Rollout, check_prompt_length, render_prompts, repeat_for_group, sample_group_rollout
 from minigrpo.run import checkpoints, distributed
 from minigrpo.run.checkpoints import COMPLETIONS_FILE, METRICS_FILE
-from minigrpo.run.completions_log import append_jsonl, completion_rows, print_table
+from minigrpo.run.completions_log import completion_rows, print_table
 from minigrpo.run.datasets import as_dataset, check_columns, check_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
@@ -476,9 +476,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
             self._log_completions()
         if not distributed.is_main_process():
             return
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a") as f:
-            f.write(checkpoints.dumps(metrics) + "\n")  # valid JSON: a NaN metric is written as null
+        checkpoints.append_jsonl(self.metrics_path, [metrics])  # valid JSON: a NaN metric is written as null
 
     def _log_completions(self) -> None:
         """log_completions: the last generation's completions (every process's, under torchrun), printed as a table
@@ -486,7 +484,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         rows = distributed.gather_lists(completion_rows(self.step, self.step_samples) if self.step_samples else [])
         if distributed.is_main_process() and rows:
             print_table(rows, self.step, self.config.num_completions_to_print)
-            append_jsonl(self.output_dir / COMPLETIONS_FILE, rows)
+            checkpoints.append_jsonl(self.output_dir / COMPLETIONS_FILE, rows)
 
     # --- the update: what every algorithm's step shares ----------------------------------
     def loss_mask(self, rollout: Rollout) -> torch.Tensor:

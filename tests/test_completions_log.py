@@ -11,7 +11,7 @@ import torch
 from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.advantages import group_relative_advantages
 from minigrpo.rewards import completion_text
-from minigrpo.run import completions_log
+from minigrpo.run import checkpoints, completions_log
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 
 
@@ -74,8 +74,8 @@ def test_a_long_text_is_cut_and_a_nan_reward_is_written_as_null(tmp_path):
     rows = completions_log.completion_rows(1, {"prompt": ["p"], "completion": [long], "rewards": {"r": [math.nan]}})
     table = completions_log.plain_table(rows, 1).splitlines()
     assert table[2].split()[1] == "x" * 57 + "..."
-    completions_log.append_jsonl(tmp_path / "c.jsonl", rows)
-    completions_log.append_jsonl(tmp_path / "c.jsonl", [{**rows[0], "step": 2}])
+    checkpoints.append_jsonl(tmp_path / "c.jsonl", rows)
+    checkpoints.append_jsonl(tmp_path / "c.jsonl", [{**rows[0], "step": 2}])
     assert json.loads((tmp_path / "c.jsonl").read_text().splitlines()[0])["r"] is None
     completions_log.keep_steps_up_to(tmp_path / "c.jsonl", 1)  # a resume at step 1 drops step 2's rows
     assert [json.loads(line)["step"] for line in (tmp_path / "c.jsonl").read_text().splitlines()] == [1]

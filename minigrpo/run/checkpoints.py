@@ -122,6 +122,14 @@ def dumps(value, **kwargs) -> str:
     return json.dumps(json_safe(value), allow_nan=False, **kwargs)
 
 
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """Append rows to path, one JSON object a line (metrics.jsonl, completions.jsonl): a NaN is written as null, so
+    the file stays valid JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(dumps(row) + "\n" for row in rows)
+
+
 def _history_from_json(rows: list[dict]) -> list[dict]:
     """Metric rows as logged: a null (a NaN metric, e.g. the mean of a reward that never applied) is NaN again."""
     return [{key: math.nan if value is None else value for key, value in row.items()} for row in rows]

@@ -19,8 +19,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-from minigrpo.run import checkpoints
-
 TEXT_WIDTH = 60
 """Plain-text table: the characters of a prompt or completion shown (a longer one ends in '...')."""
 
@@ -45,13 +43,6 @@ def keep_steps_up_to(path: Path, step: int) -> None:
     if path.exists():
         lines = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
         path.write_text("".join(line + "\n" for line in lines))
-
-
-def append_jsonl(path: Path, rows: list[dict]) -> None:
-    """Append rows to path, one JSON object a line (a NaN reward is written as null: the file stays valid JSON)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.writelines(checkpoints.dumps(row) + "\n" for row in rows)
 
 
 def as_text(value) -> str:
