@@ -63,7 +63,7 @@ def chromium() -> str:
         try:
             __import__(module)
         except ImportError:
-            missing.append(f"{package} (pip install -e '.[test]')")
+            missing.append(f"{package} (pip install -e '.[browser]')")
     if missing:
         reason = "the browser test needs " + ", ".join(missing)
         if os.environ.get("CI", "").lower() == "true":
