@@ -71,8 +71,18 @@ def check_pass_at_k(summary: dict, stdout: str) -> None:
         assert 0.0 <= maj_k <= pass_k <= 1.0  # a right majority needs a right sample
 
 
+def check_profile_step(summary: dict, stdout: str) -> None:
+    phases = summary["phase_seconds"]
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert phases["sampling"] > 0 and phases["update: backward"] > 0
+    parts = sum(seconds for name, seconds in phases.items() if name != "step")
+    assert abs(parts - phases["step"]) < 1e-6 * max(1, len(phases))  # --quick times one step: the parts add up
+    assert all(0 < fraction < 1 for fraction in summary["operator_fraction"].values())
+
+
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
-          "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k}  # fmt: skip
+          "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k,
+          "profile_step.py": check_profile_step}  # fmt: skip
 
 
 @pytest.mark.parametrize("script", sorted(CHECKS))
