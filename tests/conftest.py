@@ -1,9 +1,14 @@
 """Shared fixtures: the bundled tiny Qwen (offline), small datasets and configs. (../conftest.py: offline, quick.)"""
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
 from minigrpo import GRPOConfig, load_model_and_tokenizer, make_arithmetic_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -49,3 +54,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def copy_from_checkout():
+    """copy(names, destination): the checkout's files and folders `names` (paths relative to its root) into the
+    existing folder `destination`, without bytecode caches, as a clone or an sdist would hold them."""
+
+    def copy(names, destination: Path) -> None:
+        for name in names:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, destination / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy(ROOT / name, destination / name)
+
+    return copy

@@ -11,7 +11,6 @@ import csv
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -37,16 +36,12 @@ def bash_blocks(markdown: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory):
+def ran(tmp_path_factory, copy_from_checkout):
     """(the clone the guide's commands ran in, each block's stdout)."""
     home = tmp_path_factory.mktemp("guide")
     clone = home / "minigrpo"
     clone.mkdir()
-    for name in CLONE:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, clone / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy(ROOT / name, clone / name)
+    copy_from_checkout(CLONE, clone)
     stamp = EXERCISE.stamp(__version__)
     for student, cells in [
         ("ann", [IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO]),

@@ -53,16 +53,12 @@ def borrow_site_packages(venv_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
+def installed(tmp_path_factory, copy_from_checkout):
     """(the venv's python, a folder outside the repository, the environment to run in) with the wheel installed."""
     home = tmp_path_factory.mktemp("wheel")
     source = home / "source"
     source.mkdir()
-    for name in BUILD_INPUTS:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy(ROOT / name, source / name)
+    copy_from_checkout(BUILD_INPUTS, source)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # nothing points at the checkout
     env.update(MINIGRPO_QUICK="1", HF_HUB_OFFLINE="1", TQDM_DISABLE="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", home / "dist"]
