@@ -47,6 +47,32 @@ def check_vs_trl(summary: dict, stdout: str) -> None:
     assert "TRL's prompt token ids equal minigrpo's: True" in stdout
 
 
+def check_time_to_accuracy(summary: dict, stdout: str) -> None:
+    threshold, problems = summary["threshold"], summary["eval_problems"]
+    assert summary["seeds"] == [0] and summary["eval_every"] == 1
+    for trainer in TRAINERS:
+        (curve,) = summary[f"{trainer}_curves"]  # one seed
+        assert [point["step"] for point in curve] == list(range(1, summary["steps"] + 1))  # evaluated after every step
+        for clock in ("time", "cpu_time"):  # training time only, so it grows with every step
+            times = [point[clock] for point in curve]
+            assert times[0] > 0 and all(earlier < later for earlier, later in zip(times[:-1], times[1:], strict=True))
+        for accuracy in summary[f"{trainer}_initial_accuracy"] + [point["accuracy"] for point in curve]:
+            right = accuracy * problems  # a share of the held-out problems: a whole number of them right
+            assert 0.0 <= accuracy <= 1.0 and abs(right - round(right)) < 1e-4
+        assert summary[f"{trainer}_final_accuracy"] == [curve[-1]["accuracy"]]
+        first = next((point for point in curve if point["accuracy"] >= threshold), None)
+        expected = [None] * 3 if first is None else [first["time"], first["cpu_time"], first["step"]]
+        figures = ("time_to_threshold", "cpu_time_to_threshold", "steps_to_threshold")
+        assert [summary[f"{trainer}_{figure}"][0] for figure in figures] == expected
+    # the same weights and the same greedy evaluation on the same problems: the same accuracy before training
+    assert summary["minigrpo_initial_accuracy"] == summary["trl_initial_accuracy"]
+    for ratio, figure in (("time_ratio", "time_to_threshold"), ("cpu_time_ratio", "cpu_time_to_threshold")):
+        ours, theirs = summary[f"minigrpo_{figure}"][0], summary[f"trl_{figure}"][0]
+        expected = None if ours is None or theirs is None else ours / theirs
+        assert summary[ratio] == [expected] and summary[f"median_{ratio}"] == expected
+    assert f"time to {threshold:g} (s)" in stdout and "median minigrpo / TRL" in stdout  # the table
+
+
 def check_gpu_check(summary: dict, stdout: str) -> None:
     assert summary["dry_run"] is True and summary["failed"] == []
     assert summary["minigrpo_seconds_per_step"] > 0 and summary["trl_seconds_per_step"] > 0
@@ -72,32 +98,6 @@ def check_pass_at_k(summary: dict, stdout: str) -> None:
     assert summary["before"] == summary["after"]  # --quick: the same model twice, the same seeded samples
     for pass_k, maj_k in zip(summary["before"]["pass@k"], summary["before"]["maj@k"], strict=True):
         assert 0.0 <= maj_k <= pass_k <= 1.0  # a right majority needs a right sample
-
-
-def check_time_to_accuracy(summary: dict, stdout: str) -> None:
-    threshold, problems = summary["threshold"], summary["eval_problems"]
-    assert summary["seeds"] == [0] and summary["eval_every"] == 1
-    for trainer in TRAINERS:
-        (curve,) = summary[f"{trainer}_curves"]  # one seed
-        assert [point["step"] for point in curve] == list(range(1, summary["steps"] + 1))  # evaluated after every step
-        for clock in ("time", "cpu_time"):  # training time only, so it grows with every step
-            times = [point[clock] for point in curve]
-            assert times[0] > 0 and all(earlier < later for earlier, later in zip(times[:-1], times[1:], strict=True))
-        for accuracy in summary[f"{trainer}_initial_accuracy"] + [point["accuracy"] for point in curve]:
-            right = accuracy * problems  # a share of the held-out problems: a whole number of them right
-            assert 0.0 <= accuracy <= 1.0 and abs(right - round(right)) < 1e-4
-        assert summary[f"{trainer}_final_accuracy"] == [curve[-1]["accuracy"]]
-        first = next((point for point in curve if point["accuracy"] >= threshold), None)
-        expected = [None] * 3 if first is None else [first["time"], first["cpu_time"], first["step"]]
-        figures = ("time_to_threshold", "cpu_time_to_threshold", "steps_to_threshold")
-        assert [summary[f"{trainer}_{figure}"][0] for figure in figures] == expected
-    # the same weights and the same greedy evaluation on the same problems: the same accuracy before training
-    assert summary["minigrpo_initial_accuracy"] == summary["trl_initial_accuracy"]
-    for ratio, figure in (("time_ratio", "time_to_threshold"), ("cpu_time_ratio", "cpu_time_to_threshold")):
-        ours, theirs = summary[f"minigrpo_{figure}"][0], summary[f"trl_{figure}"][0]
-        expected = None if ours is None or theirs is None else ours / theirs
-        assert summary[ratio] == [expected] and summary[f"median_{ratio}"] == expected
-    assert f"time to {threshold:g} (s)" in stdout and "median minigrpo / TRL" in stdout  # the table
 
 
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
