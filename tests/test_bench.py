@@ -3,18 +3,21 @@ object with exactly the keys docs/performance.md lists for it. A benchmark that 
 package moves."""
 
 import ast
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = ("minigrpo", "trl")
-NEEDS = {"vs_trl.py": ("trl",), "gpu_check.py": ("trl", "dashscope")}  # the bench extra; dashscope: the test extra
+NEEDS = {"vs_trl.py": ("trl",), "time_to_accuracy.py": ("trl",), "gpu_check.py": ("trl", "dashscope")}
+"""Modules a script's fast mode needs: trl, the bench extra; dashscope, the test extra."""
 
 
 def readme_rows() -> dict[str, tuple[list[str], set[str]]]:
@@ -42,6 +45,32 @@ def check_vs_trl(summary: dict, stdout: str) -> None:
         assert len(summary[f"{trainer}_step_times"]) == 2
         assert summary[f"{trainer}_tokens_per_step"] > 0 and summary[f"{trainer}_peak_memory_mib"] > 0
     assert "TRL's prompt token ids equal minigrpo's: True" in stdout
+
+
+def check_time_to_accuracy(summary: dict, stdout: str) -> None:
+    threshold, problems = summary["threshold"], summary["eval_problems"]
+    assert summary["seeds"] == [0] and summary["eval_every"] == 1
+    for trainer in TRAINERS:
+        (curve,) = summary[f"{trainer}_curves"]  # one seed
+        assert [point["step"] for point in curve] == list(range(1, summary["steps"] + 1))  # evaluated after every step
+        for clock in ("time", "cpu_time"):  # training time only, so it grows with every step
+            times = [point[clock] for point in curve]
+            assert times[0] > 0 and all(earlier < later for earlier, later in zip(times[:-1], times[1:], strict=True))
+        for accuracy in summary[f"{trainer}_initial_accuracy"] + [point["accuracy"] for point in curve]:
+            right = accuracy * problems  # a share of the held-out problems: a whole number of them right
+            assert 0.0 <= accuracy <= 1.0 and abs(right - round(right)) < 1e-4
+        assert summary[f"{trainer}_final_accuracy"] == [curve[-1]["accuracy"]]
+        first = next((point for point in curve if point["accuracy"] >= threshold), None)
+        expected = [None] * 3 if first is None else [first["time"], first["cpu_time"], first["step"]]
+        figures = ("time_to_threshold", "cpu_time_to_threshold", "steps_to_threshold")
+        assert [summary[f"{trainer}_{figure}"][0] for figure in figures] == expected
+    # the same weights and the same greedy evaluation on the same problems: the same accuracy before training
+    assert summary["minigrpo_initial_accuracy"] == summary["trl_initial_accuracy"]
+    for ratio, figure in (("time_ratio", "time_to_threshold"), ("cpu_time_ratio", "cpu_time_to_threshold")):
+        ours, theirs = summary[f"minigrpo_{figure}"][0], summary[f"trl_{figure}"][0]
+        expected = None if ours is None or theirs is None else ours / theirs
+        assert summary[ratio] == [expected] and summary[f"median_{ratio}"] == expected
+    assert f"time to {threshold:g} (s)" in stdout and "median minigrpo / TRL" in stdout  # the table
 
 
 def check_gpu_check(summary: dict, stdout: str) -> None:
@@ -82,7 +111,7 @@ def check_profile_step(summary: dict, stdout: str) -> None:
 
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
           "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k,
-          "profile_step.py": check_profile_step}  # fmt: skip
+          "profile_step.py": check_profile_step, "time_to_accuracy.py": check_time_to_accuracy}  # fmt: skip
 
 
 @pytest.mark.parametrize("script", sorted(CHECKS))
@@ -113,3 +142,42 @@ def test_benches_use_no_private_name_of_minigrpo(script):
     assert {name for name in private if not name.startswith("__")} <= TRL_INTERNALS
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
     assert not [name for name in imported if name.startswith("_")]
+
+
+def load_bench_script(name: str):
+    """bench/<name>.py as a module (bench/ is not a package); the environment it sets at import is put back."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    with mock.patch.dict(os.environ):
+        spec.loader.exec_module(module)
+    return module
+
+
+def test_time_to_accuracy_summary_on_hand_made_curves():
+    """The first evaluation at or above the threshold (equal counts), None where no evaluation reaches it, the final
+    accuracy is the last evaluation's (not the best), and ratios only for the seeds where both trainers got there."""
+    bench = load_bench_script("time_to_accuracy")
+
+    def run(*points):  # (step, wall s, CPU s, accuracy) per evaluation
+        names = ("step", "time", "cpu_time", "accuracy")
+        return {"initial_accuracy": 0.4, "curve": [dict(zip(names, point, strict=True)) for point in points]}
+
+    seed_0 = {
+        "minigrpo": run((10, 5.0, 4.0, 0.6), (20, 10.0, 8.0, 0.7), (30, 15.0, 12.0, 0.65)),
+        "trl": run((10, 20.0, 10.0, 0.75), (20, 40.0, 20.0, 0.8), (30, 60.0, 30.0, 0.9)),
+    }
+    seed_1 = {
+        "minigrpo": run((10, 6.0, 5.0, 0.71), (20, 12.0, 10.0, 0.8)),
+        "trl": run((10, 21.0, 11.0, 0.5), (20, 42.0, 22.0, 0.69)),
+    }
+    summary = bench.summarize([seed_0, seed_1], threshold=0.7)
+    assert summary["minigrpo_time_to_threshold"] == [10.0, 6.0]
+    assert summary["minigrpo_cpu_time_to_threshold"] == [8.0, 5.0]
+    assert summary["minigrpo_steps_to_threshold"] == [20, 10]
+    assert summary["trl_time_to_threshold"] == [20.0, None] and summary["trl_steps_to_threshold"] == [10, None]
+    assert summary["minigrpo_final_accuracy"] == [0.65, 0.8] and summary["trl_final_accuracy"] == [0.9, 0.69]
+    assert summary["trl_initial_accuracy"] == [0.4, 0.4]
+    assert summary["time_ratio"] == [0.5, None] and summary["median_time_ratio"] == 0.5
+    assert summary["cpu_time_ratio"] == [0.8, None] and summary["median_cpu_time_ratio"] == 0.8
+    nobody = bench.summarize([seed_1], threshold=0.95)
+    assert nobody["minigrpo_time_to_threshold"] == [None] and nobody["median_time_ratio"] is None

@@ -84,6 +84,7 @@ def trl_config(config: GRPOConfig, device: str, output_dir: str, gradient_checkp
         **neutral,
         generation_kwargs=dict(neutral),
         # the objective
+        reward_weights=config.reward_weights,
         beta=config.beta,
         epsilon=config.epsilon,
         epsilon_high=config.clip_epsilon_high,
