@@ -560,8 +560,8 @@ DIFFERING_DEFAULTS = {
     "at any time",
     "save_total_limit": "2, not None (keep all): a notebook's disk is small",
     "report_to": "'none': no tracker on any transformers version (metrics.jsonl and log_history are always written); "
-    "TRL's default is transformers': the same 'none' (kept as []) from transformers 5, every installed tracker ('all') "
-    "before it",
+    "TRL keeps transformers' default: 'none' (stored as []) from transformers 5, every installed tracker ('all') "
+    "before",
     "eval_batch_size": "prompts per greedy generate call in minigrpo's held-out evaluation (128); TRL's name is a "
     "read-only count of evaluation samples per device batch (8)",
     "output_dir": "'runs/minigrpo': TRL 1.16's default (None) names a folder after the model",
