@@ -559,7 +559,9 @@ DIFFERING_DEFAULTS = {
     "save_steps": "50, not 500: the course's runs are a few hundred steps, and a Colab runtime can disconnect "
     "at any time",
     "save_total_limit": "2, not None (keep all): a notebook's disk is small",
-    "report_to": "'none': minigrpo writes metrics.jsonl and trainer.state.log_history only",
+    "report_to": "'none': no tracker on any transformers version (metrics.jsonl and log_history are always written); "
+    "TRL keeps transformers' default: 'none' (stored as []) from transformers 5, every installed tracker ('all') "
+    "before",
     "eval_batch_size": "prompts per greedy generate call in minigrpo's held-out evaluation (128); TRL's name is a "
     "read-only count of evaluation samples per device batch (8)",
     "output_dir": "'runs/minigrpo': TRL 1.16's default (None) names a folder after the model",

@@ -6,6 +6,7 @@ import re
 import pytest
 
 from minigrpo.config import DEEPSEEKMATH_ALGORITHM, DIFFERING_DEFAULTS, PRESETS, TRAINING_FIELDS, GRPOConfig
+from minigrpo.trl_compat import requested_trackers
 
 
 def test_bare_defaults_train_trls_algorithm_and_the_paper_is_a_preset():
@@ -128,8 +129,8 @@ def trl_defaults():
     trl = pytest.importorskip("trl")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # bf16=False: TRL's default (on wherever torch reports bf16) refuses to start on a CPU; report_to as ours
-        return trl.GRPOConfig(output_dir="unused", bf16=False, report_to="none")
+        # bf16=False: TRL's default (on wherever torch reports bf16) refuses to start on a CPU
+        return trl.GRPOConfig(output_dir="unused", bf16=False)
 
 
 def test_bare_defaults_are_trls_field_by_field():
@@ -143,6 +144,21 @@ def test_bare_defaults_are_trls_field_by_field():
         else:
             assert getattr(ours, name) == their, f"{name}: minigrpo {getattr(ours, name)!r}, TRL {their!r}"
     assert set(DIFFERING_DEFAULTS) <= set(shared)
+
+
+def test_report_to_defaults_to_no_tracker_as_transformers_5_does():
+    """minigrpo's 'none' on every transformers version; TRL keeps transformers' default, which was 'all' (every
+    installed tracker) before transformers 5 and is 'none', read as [], from it (DIFFERING_DEFAULTS["report_to"])."""
+    assert GRPOConfig().report_to == "none" and requested_trackers(GRPOConfig().report_to) == []
+    import transformers
+
+    theirs = trl_defaults().report_to
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        assert theirs == []
+    else:
+        from transformers.integrations import get_available_reporting_integrations
+
+        assert theirs == get_available_reporting_integrations()
 
 
 def test_the_defaults_are_not_a_combination_the_config_refuses():
