@@ -53,7 +53,8 @@ from minigrpo.tokenization import load_tokenizer  # noqa: E402
 
 TRAINERS = vs_trl.TRAINERS
 QUICK = dict(generations=[2, 4], lengths=[4, 8], prompts=2, steps=2)
-"""--quick: four cells of 2 prompts, 2 steps each (the plumbing in seconds; the timings mean nothing)."""
+"""--quick: four cells of 2 prompts, 2 steps each (the plumbing: two worker processes a cell, the timings mean
+nothing)."""
 
 
 def prepare_full_length_model(folder: Path) -> str:
@@ -112,6 +113,8 @@ def exponents(cells: list[dict]) -> dict:
 
 
 def print_tables(cells: list[dict], found: dict, generations: list[int], lengths: list[int]) -> None:
+    """The ratio table, each trainer's seconds per step with its mean completion length, and the exponents: one row
+    per G, one column per T."""
     by_cell = {(c["generations"], c["max_completion_length"]): c for c in cells}
     header = f"{'':<7}" + "".join(f"{f'T={t}':>22}" for t in lengths)
     tables = (
@@ -145,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_arguments(args) -> None:
+    """Stop with a message that says what to change before any worker starts."""
+    if args.steps < 1 or args.prompts < 1:
+        raise SystemExit(f"--steps and --prompts must be at least 1, got {args.steps} and {args.prompts}")
     for name in ("generations", "lengths"):
         values = getattr(args, name)
         if len(set(values)) < 2 or min(values) < 1:
