@@ -365,7 +365,8 @@ def print_table(results: dict, device: str) -> None:
         print(line + f"{ratio('tokens_per_s'):>9.3f}{ratio('peak_memory_mib'):>12.3f}")
 
 
-def main(argv=None) -> dict:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; bench/scaling.py builds each of its cells' settings from it too."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="tiny", help="tiny | qwen0.5b-shape | a Hub id or local folder")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -385,7 +386,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--skip-crosscheck", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 steps of 2 prompts x G=4, 8 tokens: the plumbing")
     parser.add_argument("--json-out", default=None, help="also write the final JSON object here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
     if args.quick:
         vars(args).update(QUICK)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -5,6 +5,7 @@ package moves."""
 import ast
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -12,12 +13,18 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINERS = ("minigrpo", "trl")
-NEEDS = {"vs_trl.py": ("trl",), "time_to_accuracy.py": ("trl",), "gpu_check.py": ("trl", "dashscope")}
-"""Modules a script's fast mode needs: trl, the bench extra; dashscope, the test extra."""
+NEEDS = {
+    "vs_trl.py": ("trl",),
+    "time_to_accuracy.py": ("trl",),
+    "scaling.py": ("trl",),
+    "gpu_check.py": ("trl", "dashscope"),
+}
+"""The modules a script's fast mode needs beyond the core: trl (the bench extra), dashscope (the test extra)."""
 
 
 def readme_rows() -> dict[str, tuple[list[str], set[str]]]:
@@ -109,9 +116,31 @@ def check_profile_step(summary: dict, stdout: str) -> None:
     assert all(0 < fraction < 1 for fraction in summary["operator_fraction"].values())
 
 
+def check_scaling(summary: dict, stdout: str) -> None:
+    assert (summary["generations"], summary["completion_lengths"]) == ([2, 4], [4, 8])
+    cells = summary["cells"]
+    assert [(c["generations"], c["max_completion_length"]) for c in cells] == [(2, 4), (2, 8), (4, 4), (4, 8)]
+    for cell in cells:
+        for trainer in TRAINERS:
+            assert cell[f"{trainer}_step_time"] > 0 and cell[f"{trainer}_cpu_time"] > 0
+            assert cell[f"{trainer}_mean_length"] == cell["max_completion_length"]  # no completion stopped early
+        assert math.isclose(cell["step_time_ratio"], cell["minigrpo_step_time"] / cell["trl_step_time"], rel_tol=1e-12)
+        assert math.isclose(cell["cpu_time_ratio"], cell["minigrpo_cpu_time"] / cell["trl_cpu_time"], rel_tol=1e-12)
+    # the exponents are the least-squares fit log t = c + a log G + b log T over the cells
+    sizes = np.array([[1.0, math.log(c["generations"]), math.log(c["max_completion_length"])] for c in cells])
+    for trainer in TRAINERS:
+        for figure, suffix in (("step_time", ""), ("cpu_time", "_cpu")):
+            fit = np.linalg.lstsq(sizes, np.log([c[f"{trainer}_{figure}"] for c in cells]), rcond=None)[0]
+            a, b = summary[f"{trainer}_g_exponent{suffix}"], summary[f"{trainer}_length_exponent{suffix}"]
+            assert math.isfinite(a) and math.isfinite(b)
+            assert np.allclose([a, b], fit[1:], rtol=1e-9, atol=1e-12)
+    assert "minigrpo / TRL step time, wall (CPU)" in stdout and "growth exponents" in stdout
+
+
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
           "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k,
-          "profile_step.py": check_profile_step, "time_to_accuracy.py": check_time_to_accuracy}  # fmt: skip
+          "profile_step.py": check_profile_step, "time_to_accuracy.py": check_time_to_accuracy,
+          "scaling.py": check_scaling}  # fmt: skip
 
 
 @pytest.mark.parametrize("script", sorted(CHECKS))

@@ -6,11 +6,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from minigrpo.measuring.intervals import band, mean_interval, t_critical_value, value_at
 from minigrpo.measuring.measure import (
     QWEN_SHAPE,
     format_table,
+    make_stop_tokens_unreachable,
     qwen_shape_config,
     run_algorithm,
     run_in_fresh_process,
@@ -18,7 +20,9 @@ from minigrpo.measuring.measure import (
     training_problems,
 )
 from minigrpo.measuring.study import compare_with_seeds, format_study_table, study_bands, study_headline, study_summary
+from minigrpo.models import TINY_MODEL_DIR, build_tiny_model, count_parameters
 from minigrpo.tasks.arithmetic import make_arithmetic_dataset
+from minigrpo.tokenization import load_tokenizer
 
 
 def test_rss_readers_see_a_new_allocation_in_the_peak():
@@ -48,6 +52,31 @@ def test_qwen_shape_is_qwen25_05b():
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (151_936, 896, 24)
     assert (config.num_attention_heads, config.num_key_value_heads, config.eos_token_id) == (14, 2, 7)
     assert QWEN_SHAPE == "qwen0.5b-shape"
+
+
+@pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+def test_stop_tokens_made_unreachable_have_probability_zero_and_completions_run_to_the_limit():
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer(TINY_MODEL_DIR)
+    model = build_tiny_model(tokenizer, seed=0)
+    stop = [tokenizer.pad_token_id, tokenizer.eos_token_id]  # the generation config's eos ids: 256, 258
+    assert sorted(stop) == sorted(model.generation_config.eos_token_id)
+    ids = torch.randint(0, len(tokenizer), (4, 48))  # (N, T), stop tokens among them
+    ids[:, ::7] = tokenizer.eos_token_id
+    with torch.no_grad():
+        before = model(ids).logits.softmax(-1)[..., stop].sum(-1)  # (N, T)
+    assert before.min() > 1e-3  # a random model of 259 tokens stops about once in 130 tokens
+    parameters = count_parameters(model)
+    assert make_stop_tokens_unreachable(model, stop) is model and count_parameters(model) == parameters
+    with torch.no_grad():
+        after = model(ids).logits.softmax(-1)  # (N, T, V)
+    not_stop = ~torch.isin(ids, torch.tensor(stop))  # a stop token in the input changes only its own position
+    assert after[not_stop][:, stop].max() == 0.0  # exactly 0 in fp32
+    assert after[not_stop].max() < 0.5  # and the model still spreads its samples over the other tokens
+    prompt = tokenizer(["What is 2 + 3?"], return_tensors="pt")
+    completions = model.generate(**prompt, do_sample=True, top_k=0, max_new_tokens=64, num_return_sequences=8)
+    assert completions.shape == (8, prompt["input_ids"].shape[1] + 64)
+    assert not torch.isin(completions, torch.tensor(stop)).any()
 
 
 def test_run_algorithm_returns_the_benchmark_schema(tmp_path):

@@ -1,4 +1,5 @@
-"""Measuring code for the benchmarks: memory readers, fresh-process runs, the Qwen-shaped model, PPO vs GRPO.
+"""Measuring code for the benchmarks: memory readers, fresh-process runs, the Qwen-shaped model, a model that
+never stops, PPO vs GRPO.
 
 Shared by ``bench/ppo_vs_grpo.py``, ``bench/vs_trl.py``, lesson 05 and the
 tests. Nothing here is part of the algorithms: it loads models, trains them,
@@ -118,6 +119,32 @@ def qwen_shape_config(vocab_size: int = 151_936, **overrides) -> Qwen2Config:
         initializer_range=0.02,
     )
     return Qwen2Config(**{**shape, **overrides})
+
+
+def make_stop_tokens_unreachable(model: Qwen2ForCausalLM, stop_token_ids: list[int], margin: float = 1e4):
+    """Edit `model` in place so that it never samples a token of `stop_token_ids`: every completion then runs to
+    max_completion_length, which a benchmark of cost against completion length needs (a model that stops after
+    20 tokens costs 20 tokens, whatever the limit). Returns the model.
+
+    How: one channel c of the residual stream is held constant. Every token's input embedding has 1 in it and no
+    layer writes to it (row c of each attention output projection and MLP down projection is 0), so after the final
+    RMSNorm it is 1 / rms(x) > 0 at every position whose token is not a stop token. The stop tokens' output rows
+    read only that channel, with weight -margin, so their logits are -margin / rms(x) while the others' are
+    +1 / rms(x) plus small terms: for rms(x) below about 10 the gap is over 1000 and exp(-gap) is exactly 0 in fp32.
+    With tied embeddings (the tiny Qwen's and Qwen2.5's) the stop tokens' input embedding is that same row: a stop
+    token inside a prompt only changes its own position's hidden state. The shape, the parameter count and the
+    work of a forward pass are unchanged.
+    """
+    channel = 0
+    with torch.no_grad():
+        model.get_input_embeddings().weight[:, channel] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[channel] = 0.0
+            layer.mlp.down_proj.weight[channel] = 0.0
+        output = model.get_output_embeddings().weight  # (V, hidden); the input embedding itself when tied
+        output[stop_token_ids] = 0.0
+        output[stop_token_ids, channel] = -margin
+    return model
 
 
 def load_benchmark_model(name: str, device=None, **shape_overrides):
