@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import random
 import tempfile
 import types
 from collections.abc import Callable
 
+import numpy
 import torch
 
 from minigrpo import advantages as advantages_module
@@ -505,13 +507,16 @@ def _one_step(learner, batch, reward_funcs: list, settings: dict, seed: int) -> 
     with tempfile.TemporaryDirectory() as tmp, single_thread():
         config = capstone_learning_config(tmp, {**settings, "max_steps": 1}, seed=seed)
         torch.manual_seed(seed)
+        random.seed(seed)  # a loop may shuffle with Python's or numpy's generator: both steps see the same draws
+        numpy.random.seed(seed % 2**32)
         learner(model, tokenizer, batch, reward_funcs, config)
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def _check_update_follows_rewards(learner, settings: dict, seed: int) -> None:
+def _check_update_follows_rewards(learner, settings: dict, seed: int) -> tuple[float, float]:
     """One step on a batch drawn from `seed`, with the rewards and with every reward negated: GRPO's first step
-    moves the weights in opposite directions (`labs.update_follows_rewards`)."""
+    moves the weights in opposite directions. Raises Mismatch, or returns `labs.update_follows_rewards`'s
+    (agreement, spread)."""
     batch = make_arithmetic_dataset(settings["prompts_per_step"], "train", seed=seed + 1)
     rewards = [correctness_reward, format_reward]
     before = {name: p.detach().clone() for name, p in tiny_model_and_tokenizer()[0].named_parameters()}
@@ -530,6 +535,7 @@ def _check_update_follows_rewards(learner, settings: dict, seed: int) -> None:
             f"{settings['probe_tolerance']:g}). Train on your samples with their advantages, from this step's "
             "rewards (no answers, no weights from elsewhere); sample with the torch seed the loop is given."
         )
+    return agreement, moved
 
 
 @cases("check_capstone_learns", references=[GRPOTrainer])
