@@ -339,7 +339,7 @@ CAPSTONE_LEARNING = dict(
     eval_problems=200,
     grading_seed=0,
     bar=0.06,
-    reference_rises=(0.190, 0.120, 0.160, 0.155, 0.170),
+    reference_rises=(0.190, 0.285, 0.290, 0.185, 0.155),
     probe_tolerance=0.05,
     timeout=900,
 )
@@ -357,9 +357,11 @@ a batch the judge draws, with the rewards and with every reward negated, must mo
 directions, as GRPO's first step does. A loop that fine-tunes on answers, or loads weights trained elsewhere, moves
 them the same way whatever the rewards say, and earns no learning points however much its accuracy rises.
 
-The bar sits below the worst rise of the package's own GRPOTrainer over seeds 0-4 (`reference_rises`, measured by
-`python scripts/capstone_bar.py`: worst +0.120, seed 1), at half of it: a learner's own sampler draws other tokens
-than the package's, so a correct loop follows another path. 40 steps were too few: the worst seed rose by +0.030."""
+The bar sits below the worst rise of the package's own GRPOTrainer, at half of it: a learner's own sampler draws other
+tokens than the package's, so a correct loop follows another path. Measured by `python scripts/capstone_bar.py`, each
+seed drawing its problems as the grader's does: seeds 0-4 rose by `reference_rises`, and three 31-bit seeds such as
+the grader draws (438317370, 1433166778, 1614830315) by +0.175, +0.165 and +0.120, the worst of the eight. 40 steps
+were too few (measured when every seed trained on the same problems): the worst seed rose by +0.030."""
 
 
 def capstone_learning_config(output_dir: str, settings: dict, seed: int = 0) -> GRPOConfig:
