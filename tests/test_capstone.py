@@ -6,17 +6,29 @@ one short learning run (10 steps) shows a mistake that stops learning losing the
 learning run, the graded 80 steps, runs once, in tests/test_grading.py's grading of every solution.
 """
 
+import importlib
+import math
+import pickle
+import random
 import re
+import secrets
 from pathlib import Path
 
 import nbformat
 import pytest
 import torch
 
-from minigrpo import grading
-from minigrpo.grading.framework import judged_cells
-from minigrpo.grading.labs import CAPSTONE_LEARNING
+from minigrpo import correctness_reward, grading, make_arithmetic_dataset
+from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_cells
+from minigrpo.grading.labs import (
+    CAPSTONE_LEARNING,
+    NegatedReward,
+    capstone_learning_data,
+    tiny_model_and_tokenizer,
+    update_follows_rewards,
+)
 from minigrpo.grading.own_code import stage_function_uses
+from minigrpo.tasks.arithmetic import is_test_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION = ROOT / "solutions" / "15_grpo_from_scratch.ipynb"
@@ -149,6 +161,168 @@ def test_a_flipped_advantage_stops_learning_and_loses_the_learning_points(monkey
     assert result.points == 0
     (case,) = result.cases
     assert re.search(r"accuracy 0\.\d+ -> 0\.\d+ \([-+]0\.\d+\)", case.message) and "the bar is" in case.message
+
+
+# --- the learning check: drawn when graded, and only for a loop whose update follows the rewards -----------------
+SFT_ON_HELD_OUT = """
+def train_grpo(model, tokenizer, dataset, reward_funcs, config):
+    \"\"\"Supervised fine-tuning on the answers of the problems the check once evaluated on: the first 200 of the
+    test split, seed 0 (a given function and seed), each step prompts_per_step of them.\"\"\"
+    held_out = make_arithmetic_dataset(200, "test", seed=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    B = config.prompts_per_step
+    for step in range(config.max_steps):
+        rows = held_out[[(step * B + i) % len(held_out) for i in range(B)]]
+        prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in rows["prompt"]]
+        texts = [p + f"<answer>{a}</answer>" + tokenizer.eos_token for p, a in zip(prompts, rows["answer"])]
+        encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+        labels = encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, -100)
+        for i, prompt in enumerate(prompts):
+            labels[i, : len(tokenizer(prompt, add_special_tokens=False)["input_ids"])] = -100
+        optimizer.zero_grad()
+        model(**encoded, labels=labels).loss.backward()
+        optimizer.step()
+    return []
+"""
+
+
+def sft_on_held_out():
+    namespace = {"torch": torch, "make_arithmetic_dataset": make_arithmetic_dataset}
+    exec(SFT_ON_HELD_OUT, namespace)
+    return namespace["train_grpo"]
+
+
+def test_update_follows_rewards_on_hand_computed_steps():
+    before = {"w": torch.tensor([0.0, 1.0]), "b": torch.tensor([2.0])}
+    opposite = update_follows_rewards(
+        before,
+        {"w": torch.tensor([1.0, -1.0]), "b": torch.tensor([2.0])},
+        {"w": torch.tensor([-1.0, 3.0]), "b": torch.tensor([2.0])},
+    )  # d+ = (1, -2, 0), d- = (-1, 2, 0): d+ + d- = 0, |d+ - d-| = |(2, -4, 0)| = sqrt(20)
+    assert opposite == pytest.approx((0.0, math.sqrt(20)))
+    same = {"w": torch.tensor([0.5, 1.5]), "b": torch.tensor([2.0])}  # d+ = d-: the rewards changed nothing
+    assert update_follows_rewards(before, same, same) == (math.inf, 0.0)
+    half = update_follows_rewards(before, {"w": torch.tensor([1.0, 1.0]), "b": torch.tensor([2.0])}, before)
+    assert half == pytest.approx((1.0, 1.0))  # d+ = (1, 0, 0), d- = 0: |d+ + d-| = |d+ - d-| = 1
+
+
+def test_a_negated_reward_gives_minus_the_reward_under_its_name_and_crosses_by_pickle():
+    negated = pickle.loads(pickle.dumps(NegatedReward(correctness_reward)))
+    completions = ["<answer>5</answer>", "<answer>4</answer>"]
+    assert correctness_reward(["q", "q"], completions, answer=["5", "5"]) == [1.0, 0.0]
+    assert negated(["q", "q"], completions, answer=["5", "5"]) == [-1.0, 0.0]
+    assert negated.__name__ == "correctness_reward"
+
+
+def test_the_learning_run_s_seed_and_problems_are_drawn_from_the_secret(monkeypatch):
+    """In a notebook the run's seed is grading_seed (the same run every time); graded, each secret draws its own seed,
+    and with it other training problems and other held-out problems (always of the test split)."""
+    from minigrpo.run import evaluation
+
+    capstone = importlib.import_module("minigrpo.grading.cases.capstone")
+    seeds = []
+
+    def stop_before_training(learner, settings, seed):
+        seeds.append(seed)
+        raise Mismatch("stopped here")
+
+    monkeypatch.setattr(capstone, "_check_update_follows_rewards", stop_before_training)
+    grade("check_capstone_learns", {"train_grpo": lambda *args: None})
+    for _ in range(2):
+        with drawn_from(secrets.token_bytes(32)):
+            grade("check_capstone_learns", {"train_grpo": lambda *args: None})
+    assert seeds[0] == CAPSTONE_LEARNING["grading_seed"] and len(set(seeds)) == 3
+    asked = []
+    monkeypatch.setattr(
+        evaluation, "evaluate_model", lambda m, t, problems, *a: asked.append(problems) or {"eval_accuracy": 0}
+    )
+    trained = []
+    for seed in seeds:
+        train, accuracy = capstone_learning_data(CAPSTONE_LEARNING, seed)
+        accuracy(None, None)
+        trained.append(set(train["question"]))
+    held_out = [set(problems["question"]) for problems in asked]
+    assert [len(problems) for problems in asked] == [CAPSTONE_LEARNING["eval_problems"]] * 3
+    assert all(is_test_problem(int(q.split()[0]), q.split()[1], int(q.split()[2])) for q in set.union(*held_out))
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        assert len(held_out[a] & held_out[b]) < 100 and len(trained[a] & trained[b]) < 500
+    assert not set.union(*held_out) & set.union(*trained)  # never trained on
+
+
+def test_fine_tuning_on_the_held_out_answers_loses_the_learning_points():
+    """The issue's cheat: a train_grpo that fine-tunes on the answers of the problems the check evaluated on. Graded,
+    those are other problems now, and its update is not GRPO's: it moves the weights the same way whatever the
+    rewards, so the check stops before the learning run."""
+    with drawn_from(secrets.token_bytes(32)):
+        result = grade("check_capstone_learns", {"train_grpo": sft_on_held_out()})
+    assert result.points == 0
+    assert "does not follow the rewards" in result.cases[0].message and "agree (inf" in result.cases[0].message
+
+
+def test_a_loop_that_loads_weights_trained_elsewhere_loses_the_learning_points():
+    """The capstone's replay: weights trained in a notebook cell (here, any other weights), copied in by train_grpo."""
+    trained = {name: p.detach() + 1e-3 for name, p in tiny_model_and_tokenizer()[0].named_parameters()}
+
+    def train_grpo(model, tokenizer, dataset, reward_funcs, config):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(trained[name])
+        return []
+
+    result = grade("check_capstone_learns", {"train_grpo": train_grpo})
+    assert result.points == 0 and "does not follow the rewards" in result.cases[0].message
+
+
+def test_a_loop_that_never_steps_loses_the_learning_points_with_its_reason():
+    result = grade("check_capstone_learns", solution(NO_STEP))
+    assert result.points == 0 and "left every weight as it was" in result.cases[0].message
+
+
+def test_the_solution_s_update_follows_the_rewards_under_several_secrets():
+    """The probe on the solution's loop, a batch drawn from each of three secrets: the two steps are opposite to
+    about 1e-6 of their difference, far below the tolerance (a loop that ignores the rewards gives infinity)."""
+    from minigrpo.grading.cases.capstone import _check_update_follows_rewards
+
+    train_grpo = solution()["train_grpo"]
+    for _ in range(3):
+        with drawn_from(secrets.token_bytes(32)):
+            seed = case_seed(CAPSTONE_LEARNING["grading_seed"])
+            agreement, moved = _check_update_follows_rewards(train_grpo, CAPSTONE_LEARNING, seed)
+        assert agreement < 1e-4 and moved > 0
+
+
+def test_a_loop_that_shuffles_with_python_s_random_passes_the_probe():
+    """The probe's two steps start from the same states of torch's, Python's and numpy's generators: a loop that
+    shuffles its prompts with random.shuffle samples the same batch in the same order both times."""
+    source = DEFINITIONS.replace(
+        "    order = torch.randperm(len(dataset)).tolist()\n",
+        "    order = list(range(len(dataset)))\n    random.shuffle(order)\n",
+    )
+    assert source != DEFINITIONS
+    namespace = {"torch": torch, "copy": __import__("copy"), "random": random}
+    exec(compile(source, str(SOLUTION), "exec"), namespace)
+    from minigrpo.grading.cases.capstone import _check_update_follows_rewards
+
+    agreement, _ = _check_update_follows_rewards(namespace["train_grpo"], CAPSTONE_LEARNING, 0)
+    assert agreement < 1e-4
+
+
+def test_the_judge_sends_python_s_and_numpy_s_random_states_to_the_kernel():
+    """What `remote` does for the probe across processes: the kernel's generators start where the judge's stood."""
+    import numpy
+
+    from minigrpo.grading import remote
+
+    random.seed(7)
+    numpy.random.seed(7)
+    states = remote.host_random_states()
+    want = (random.random(), float(numpy.random.rand()))
+    random.seed(8)
+    numpy.random.seed(8)
+    request = {"args": (), "kwargs": {}, "rng": torch.get_rng_state(), "threads": 1, "gradient_wrt": None}
+    response = remote._call(lambda: (random.random(), float(numpy.random.rand())), {**request, "host_random": states})
+    assert response["value"] == want
+    remote.set_host_random_states(None)  # an older judge's request: the generators are left alone
 
 
 # --- their own code ------------------------------------------------------------------------------

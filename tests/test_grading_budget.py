@@ -100,3 +100,40 @@ def test_a_slow_case_costs_its_own_points_and_the_next_check_is_still_judged(qui
     assert slow["cases"][-1]["message"].startswith("timed out")
     assert (fast["points"], fast["max_points"]) == (2, 2)
     assert seen == [checks[:1], checks]  # each check's record sent as it finished
+
+
+def test_a_slow_capstone_loses_only_its_learning_points(monkeypatch):
+    """A solved capstone whose loop trains too slowly for the learning case's limit (here 2 s; graded, 900 s) loses
+    that case's 4 points; the checks before and after it are judged and kept, the notebook's limit already spent."""
+    from test_capstone import CELLS, solution
+
+    functions = solution()
+
+    def slow_train_grpo(*args):
+        time.sleep(30)
+
+    learners = {
+        "check_capstone_advantages": functions["group_advantages"],
+        "check_capstone_learns": slow_train_grpo,
+        "check_capstone_own_code": functions["train_grpo"],
+    }
+    monkeypatch.setitem(CAPSTONE_LEARNING, "timeout", 2.0)
+    monkeypatch.setattr(judge, "Kernel", lambda *args: type("Kernel", (), {"close": lambda self: None})())
+    monkeypatch.setattr(judge, "describe", lambda *args, **kwargs: {"registered": True})
+    monkeypatch.setattr(judge, "KernelFunction", lambda kernel, check, watched: Local(learners[check]))
+    checks = list(learners)
+    request = {
+        "cells": CELLS,
+        "connection": {},
+        "kernel_pid": 0,
+        "workdir": "/nonexistent",
+        "checks": checks,
+        "calls": {},
+        "deadline": time.time() + judge_budget(checks, 0.1) - JUDGE_MARGIN_S,
+    }
+    started = time.monotonic()
+    advantages, learns, own_code = judge.judge(request)
+    assert time.monotonic() - started < 20  # the sleeping loop was stopped at its limit
+    assert (advantages["points"], own_code["points"]) == (advantages["max_points"], own_code["max_points"]) == (3, 2)
+    assert (learns["points"], learns["max_points"]) == (0, 4)
+    assert learns["cases"][0]["message"].startswith("timed out")

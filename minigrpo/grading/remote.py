@@ -17,7 +17,7 @@ code. Whatever the kernel sends is therefore only ever the learner's *answer*
 reprograms `serve` can only choose that answer. What a case needs besides the
 return value comes back as data too: the state of the modules, optimizers and
 tensors it passed (a GRPO step updates the model's weights and the optimizer),
-torch's RNG state (so seeded sampling matches the reference), and for
+torch's RNG state (so seeded sampling matches the reference; Python's and numpy's go in, not back), and for
 `value_and_gradient` the gradient, computed in the kernel because an autograd
 graph cannot cross processes.
 """
@@ -68,6 +68,7 @@ def _call(learner, request: dict) -> dict:
 
     args, kwargs = request["args"], request["kwargs"]
     torch.set_rng_state(request["rng"])
+    set_host_random_states(request.get("host_random"))
     threads = torch.get_num_threads()
     torch.set_num_threads(request["threads"])
     watch = ReferenceWatch(request.get("watch", []))
@@ -94,6 +95,32 @@ def _call(learner, request: dict) -> dict:
         "reference_ran": watch.ran,
         "watch_intact": watch.intact,
     }
+
+
+def host_random_states() -> dict:
+    """The states of Python's `random` and numpy's global generator (when numpy is installed): a learner's loop may
+    shuffle with either, and a case that calls it twice from the same states expects the same draws."""
+    import random
+
+    states = {"random": random.getstate()}
+    try:
+        import numpy
+    except ImportError:
+        return states
+    return {**states, "numpy": numpy.random.get_state()}
+
+
+def set_host_random_states(states: dict | None) -> None:
+    """Set what `host_random_states` returned (None: leave both generators as they are)."""
+    import random
+
+    if states is None:
+        return
+    random.setstate(states["random"])
+    if "numpy" in states:
+        import numpy
+
+        numpy.random.set_state(states["numpy"])
 
 
 def _arguments(args: tuple, kwargs: dict):
@@ -298,6 +325,7 @@ class KernelFunction(RemoteCallable):
             "args": args,
             "kwargs": kwargs,
             "rng": torch.get_rng_state(),
+            "host_random": host_random_states(),
             "threads": torch.get_num_threads(),
             "gradient_wrt": gradient_wrt,
             "watch": self.watch,

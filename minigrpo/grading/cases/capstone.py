@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import random
 import tempfile
 import types
 from collections.abc import Callable
 
+import numpy
 import torch
 
 from minigrpo import advantages as advantages_module
@@ -48,6 +50,7 @@ from minigrpo.grading.framework import (
 )
 from minigrpo.grading.labs import (
     CAPSTONE_LEARNING,
+    NegatedReward,
     capstone_config,
     capstone_learning_config,
     capstone_learning_data,
@@ -55,6 +58,7 @@ from minigrpo.grading.labs import (
     seeded_rollout,
     single_thread,
     tiny_model_and_tokenizer,
+    update_follows_rewards,
 )
 from minigrpo.grading.own_code import stage_function_uses, unwritten
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
@@ -497,17 +501,56 @@ def check_capstone_update(grpo_update: Callable) -> CheckResult:
 
 
 # --- it learns ----------------------------------------------------------------------------------
+def _one_step(learner, batch, reward_funcs: list, settings: dict, seed: int) -> dict:
+    """The weights after one step of the learner's loop on `batch`, from the tiny Qwen and torch's seed `seed`."""
+    model, tokenizer = tiny_model_and_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp, single_thread():
+        config = capstone_learning_config(tmp, {**settings, "max_steps": 1}, seed=seed)
+        torch.manual_seed(seed)
+        random.seed(seed)  # a loop may shuffle with Python's or numpy's generator: both steps see the same draws
+        numpy.random.seed(seed % 2**32)
+        learner(model, tokenizer, batch, reward_funcs, config)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def _check_update_follows_rewards(learner, settings: dict, seed: int) -> tuple[float, float]:
+    """One step on a batch drawn from `seed`, with the rewards and with every reward negated: GRPO's first step
+    moves the weights in opposite directions. Raises Mismatch, or returns `labs.update_follows_rewards`'s
+    (agreement, spread)."""
+    batch = make_arithmetic_dataset(settings["prompts_per_step"], "train", seed=seed + 1)
+    rewards = [correctness_reward, format_reward]
+    before = {name: p.detach().clone() for name, p in tiny_model_and_tokenizer()[0].named_parameters()}
+    plus = _one_step(learner, batch, rewards, settings, seed)
+    minus = _one_step(learner, batch, [NegatedReward(func) for func in rewards], settings, seed)
+    agreement, moved = update_follows_rewards(before, plus, minus)
+    if moved == 0 and all(torch.equal(plus[n], before[n]) for n in before):
+        raise Mismatch(
+            "one step of your loop (max_steps=1) left every weight as it was: take an optimizer step per pass."
+        )
+    if agreement > settings["probe_tolerance"]:
+        raise Mismatch(
+            "your loop's update does not follow the rewards: one step on the grader's batch with every reward "
+            f"negated should move the weights the opposite way (GRPO's first step: the advantages change sign, the "
+            f"ratio is 1, the KL's gradient 0), but the two steps agree ({agreement:.3g} of their difference, above "
+            f"{settings['probe_tolerance']:g}). Train on your samples with their advantages, from this step's "
+            "rewards (no answers, no weights from elsewhere); sample with the torch seed the loop is given."
+        )
+    return agreement, moved
+
+
 @cases("check_capstone_learns", references=[GRPOTrainer])
 def _learning_cases() -> list[Case]:
     settings = CAPSTONE_LEARNING
 
     def learns(learner):
+        seed = case_seed(settings["grading_seed"])  # drawn from the judge's secret when graded
+        _check_update_follows_rewards(learner, settings, seed)
         model, tokenizer = tiny_model_and_tokenizer()
         with tempfile.TemporaryDirectory() as tmp, single_thread():
-            config = capstone_learning_config(tmp, settings, seed=settings["grading_seed"])
-            train, accuracy = capstone_learning_data(settings)
+            config = capstone_learning_config(tmp, settings, seed=seed)
+            train, accuracy = capstone_learning_data(settings, seed)
             before = accuracy(model, tokenizer)
-            torch.manual_seed(settings["grading_seed"])
+            torch.manual_seed(seed)
             learner(model, tokenizer, train, [correctness_reward, format_reward], config)
             after = accuracy(model, tokenizer)
         if after - before < settings["bar"]:
@@ -520,7 +563,13 @@ def _learning_cases() -> list[Case]:
             )
 
     return [
-        Case("the loop trains the tiny Qwen: its accuracy rises past the bar", 4, learns, timeout=settings["timeout"])
+        Case(
+            "the loop's update follows the rewards, and it trains the tiny Qwen past the bar on problems drawn "
+            "when graded",
+            4,
+            learns,
+            timeout=settings["timeout"],
+        )
     ]
 
 
