@@ -187,6 +187,11 @@ README_FIGURES = {
     "0.430": "lesson 06",  # the tiny Qwen's held-out accuracy before training
     "0.750": "python -m minigrpo train",  # after the default run (the summary's first line)
     "0.875": "lesson 03",  # the worked example's mean reward
+    # the performance table: one run of the bench, its step medians and peak memory (docs/performance.md)
+    **dict.fromkeys(
+        ["0.653", "1.713", "0.381", "0.367", "0.284", "0.721", "0.938", "0.509", "0.303", "0.685"],
+        "python bench/vs_trl.py",
+    ),  # fmt: skip
 }
 REQUIREMENT_OR_ARGUMENT = re.compile(r"`[^`\n]*[=<>-][^`\n]*`")
 
