@@ -128,12 +128,14 @@ def make_stop_tokens_unreachable(model: Qwen2ForCausalLM, stop_token_ids: list[i
 
     How: one channel c of the residual stream is held constant. Every token's input embedding has 1 in it and no
     layer writes to it (row c of each attention output projection and MLP down projection is 0), so after the final
-    RMSNorm it is 1 / rms(x) > 0 at every position whose token is not a stop token. The stop tokens' output rows
-    read only that channel, with weight -margin, so their logits are -margin / rms(x) while the others' are
-    +1 / rms(x) plus small terms: for rms(x) below about 10 the gap is over 1000 and exp(-gap) is exactly 0 in fp32.
-    With tied embeddings (the tiny Qwen's and Qwen2.5's) the stop tokens' input embedding is that same row: a stop
-    token inside a prompt only changes its own position's hidden state. The shape, the parameter count and the
-    work of a forward pass are unchanged.
+    RMSNorm it is w_c / rms(x) > 0 at every position whose token is not a stop token (w_c, the norm's weight there,
+    is 1 in a freshly initialised model, which is what it is meant for). The stop tokens' output rows read only
+    that channel, with weight -margin, so their logits are -margin / rms(x) while the others' are +1 / rms(x) plus
+    small terms: for rms(x) below about 10 the gap is over 1000 and exp(-gap) is exactly 0 in fp32. With tied
+    embeddings (the tiny Qwen's and Qwen2.5's) the stop tokens' input embedding is that same row: a stop token inside
+    a prompt (a chat template's end of turn) embeds to -margin in channel c, which changes what the model computes
+    but not the guarantee, which holds at every position whose token is not a stop token. The shape, the parameter
+    count and the work of a forward pass are unchanged.
     """
     channel = 0
     with torch.no_grad():
