@@ -192,6 +192,7 @@ README_FIGURES = {
         ["0.653", "1.713", "0.381", "0.367", "0.284", "0.721", "0.938", "0.509", "0.303", "0.685"],
         "python bench/vs_trl.py",
     ),  # fmt: skip
+    **dict.fromkeys(["0.32", "0.88", "0.46", "0.60", "0.43", "0.87"], "python bench/scaling.py"),  # its full run
 }
 REQUIREMENT_OR_ARGUMENT = re.compile(r"`[^`\n]*[=<>-][^`\n]*`")
 
