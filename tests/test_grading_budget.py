@@ -59,8 +59,24 @@ def quick_cases(monkeypatch):
             return [Case(c.name, c.points, c.run, timeout=1.0) for c in builder()]
 
         monkeypatch.setitem(CASES, name, quick)
+
+
+def in_process_request(monkeypatch, learners: dict, cells: list) -> dict:
+    """The judge's request for `learners` ({check name: function}), judged in this process (no kernel: each check
+    calls its function here), with the notebook's limit spent (0.1 s left)."""
     monkeypatch.setattr(judge, "Kernel", lambda *args: type("Kernel", (), {"close": lambda self: None})())
     monkeypatch.setattr(judge, "describe", lambda *args, **kwargs: {"registered": True})
+    monkeypatch.setattr(judge, "KernelFunction", lambda kernel, check, watched: Local(learners[check]))
+    checks = list(learners)
+    return {
+        "cells": cells,
+        "connection": {},
+        "kernel_pid": 0,
+        "workdir": "/nonexistent",
+        "checks": checks,
+        "calls": {},
+        "deadline": time.time() + judge_budget(checks, 0.1) - JUDGE_MARGIN_S,
+    }
 
 
 def test_a_slow_case_costs_its_own_points_and_the_next_check_is_still_judged(quick_cases, monkeypatch):
@@ -76,18 +92,8 @@ def test_a_slow_case_costs_its_own_points_and_the_next_check_is_still_judged(qui
         "check_group_relative_advantages": slow_on_pairs,
         "check_rloo_advantages": lambda r: r - group_baseline(r, "rloo"),
     }
-    monkeypatch.setattr(judge, "KernelFunction", lambda kernel, check, watched: Local(learners[check]))
-    checks = list(learners)
-    seen = []
-    request = {
-        "cells": [],
-        "connection": {},
-        "kernel_pid": 0,
-        "workdir": "/nonexistent",
-        "checks": checks,
-        "calls": {},
-        "deadline": time.time() + judge_budget(checks, 0.1) - JUDGE_MARGIN_S,
-    }
+    request = in_process_request(monkeypatch, learners, cells=[])
+    checks, seen = request["checks"], []
     with torch.no_grad():
         records = judge.judge(request, done=lambda records: seen.append([r["check"] for r in records]))
     slow, fast = records
@@ -118,19 +124,7 @@ def test_a_slow_capstone_loses_only_its_learning_points(monkeypatch):
         "check_capstone_own_code": functions["train_grpo"],
     }
     monkeypatch.setitem(CAPSTONE_LEARNING, "timeout", 2.0)
-    monkeypatch.setattr(judge, "Kernel", lambda *args: type("Kernel", (), {"close": lambda self: None})())
-    monkeypatch.setattr(judge, "describe", lambda *args, **kwargs: {"registered": True})
-    monkeypatch.setattr(judge, "KernelFunction", lambda kernel, check, watched: Local(learners[check]))
-    checks = list(learners)
-    request = {
-        "cells": CELLS,
-        "connection": {},
-        "kernel_pid": 0,
-        "workdir": "/nonexistent",
-        "checks": checks,
-        "calls": {},
-        "deadline": time.time() + judge_budget(checks, 0.1) - JUDGE_MARGIN_S,
-    }
+    request = in_process_request(monkeypatch, learners, cells=CELLS)
     started = time.monotonic()
     advantages, learns, own_code = judge.judge(request)
     assert time.monotonic() - started < 20  # the sleeping loop was stopped at its limit
