@@ -35,7 +35,6 @@ runs `--quick` and checks them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/vs_trl.py, who
 import torch  # noqa: E402
 import vs_trl  # noqa: E402
 
-from minigrpo.measuring.measure import make_stop_tokens_unreachable  # noqa: E402
+from minigrpo.measuring.measure import make_stop_tokens_unreachable, print_summary  # noqa: E402
 from minigrpo.models import TINY_MODEL_DIR, build_tiny_model  # noqa: E402
 from minigrpo.tokenization import load_tokenizer  # noqa: E402
 
@@ -190,10 +189,7 @@ def main(argv=None) -> dict:
         "cells": cells,
         **found,
     }
-    line = json.dumps(summary)
-    if args.json_out:
-        Path(args.json_out).write_text(line + "\n")
-    print(line)
+    print_summary(summary, args.json_out)
     return summary
 
 

@@ -52,12 +52,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -65,6 +63,7 @@ from transformers import TrainerCallback  # noqa: E402
 from minigrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from minigrpo.__main__ import EVAL_PROMPTS, TRAIN_PROMPTS, make_config  # noqa: E402
 from minigrpo.measuring.crosscheck import load_fp32, trl_config  # noqa: E402
+from minigrpo.measuring.measure import print_summary  # noqa: E402
 from minigrpo.models import TINY_MODEL_DIR  # noqa: E402
 from minigrpo.run.evaluation import evaluate_model  # noqa: E402
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset  # noqa: E402
@@ -288,10 +287,7 @@ def main(argv=None) -> dict:
     }
     print()
     print_table(summary, seeds, args.threshold)
-    line = json.dumps(summary)
-    if args.json_out:
-        Path(args.json_out).write_text(line + "\n")
-    print(line)
+    print_summary(summary, args.json_out)
     return summary
 
 

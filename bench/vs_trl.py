@@ -75,7 +75,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import multiprocessing as mp  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -87,7 +86,13 @@ from transformers import GenerationConfig, Qwen2ForCausalLM  # noqa: E402
 
 from minigrpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from minigrpo.measuring.crosscheck import crosscheck, load_fp32, prompts_dataset, trl_config  # noqa: E402
-from minigrpo.measuring.measure import QWEN_SHAPE, peak_memory_mib, qwen_shape_config, rss_bytes  # noqa: E402
+from minigrpo.measuring.measure import (  # noqa: E402
+    QWEN_SHAPE,
+    peak_memory_mib,
+    print_summary,
+    qwen_shape_config,
+    rss_bytes,
+)
 from minigrpo.models import TINY_MODEL_DIR  # noqa: E402
 from minigrpo.tokenization import qwen25_tokenizer  # noqa: E402
 
@@ -426,10 +431,7 @@ def main(argv=None) -> dict:
                     ("peak_memory", "peak_memory_mib"),
                 ):
                     summary[f"{key}_ratio"] = ours[figure] / theirs[figure]
-    line = json.dumps(summary)
-    if args.json_out:
-        Path(args.json_out).write_text(line + "\n")
-    print(line)
+    print_summary(summary, args.json_out)
     return summary
 
 

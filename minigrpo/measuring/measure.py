@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -119,6 +120,15 @@ def qwen_shape_config(vocab_size: int = 151_936, **overrides) -> Qwen2Config:
         initializer_range=0.02,
     )
     return Qwen2Config(**{**shape, **overrides})
+
+
+def print_summary(summary: dict, json_out: str | None = None) -> None:
+    """A benchmark's last line: `summary` as one line of JSON (what tests/test_bench.py reads), also written to the
+    file `json_out` when one is given."""
+    line = json.dumps(summary)
+    if json_out:
+        Path(json_out).write_text(line + "\n")
+    print(line)
 
 
 def make_stop_tokens_unreachable(model: Qwen2ForCausalLM, stop_token_ids: list[int], margin: float = 1e4):
