@@ -47,10 +47,9 @@ from minigrpo.models import TINY_MODEL_DIR  # noqa: E402
 from minigrpo.tasks.arithmetic import correctness_reward  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import minigrpo_config  # noqa: E402  (the very step vs_trl.py times)
+import vs_trl  # noqa: E402  (the very step vs_trl.py times)
 
 PHASES = ("sampling", "scoring", "rollout, other", "update: forward", "update: backward", "update, other")
-QUICK = dict(steps=2, prompts=2, generations=4, max_completion_length=8)
 
 
 class PhaseClock:
@@ -113,8 +112,11 @@ def operator_seconds(events, phases) -> dict:
 
 
 def build_trainer(args, workdir: str) -> GRPOTrainer:
+    """GRPOTrainer on vs_trl.py's run at these sizes (its own defaults for everything else)."""
+    sizes = ["--prompts", str(args.prompts), "--generations", str(args.generations),
+             "--max-completion-length", str(args.max_completion_length), "--steps", str(args.steps)]  # fmt: skip
     model, tokenizer = load_fp32(str(TINY_MODEL_DIR), "cpu", "sdpa")
-    config = minigrpo_config(args, workdir)
+    config = vs_trl.minigrpo_config(vs_trl.build_parser().parse_args(sizes), workdir)
     dataset = prompts_dataset(config.prompts_per_step * (2 * args.steps + 2))
     return GRPOTrainer(model, [correctness_reward], args=config, train_dataset=dataset, processing_class=tokenizer)
 
@@ -129,9 +131,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="2 steps of 2 prompts x G=4, 8 tokens: the plumbing")
     args = parser.parse_args(argv)
     if args.quick:
-        vars(args).update(QUICK)
-    # what vs_trl.minigrpo_config reads besides the sizes: its defaults
-    vars(args).update(model="tiny", micro_batch=None, beta=0.04, loss_type="grpo", t4_config=False)
+        vars(args).update(vs_trl.QUICK)  # vs_trl.py's own fast mode
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
