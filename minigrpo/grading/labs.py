@@ -70,24 +70,48 @@ def small_grpo_config(output_dir: str, **overrides) -> GRPOConfig:
     return GRPOConfig.tiny_cpu(**{**preset, **overrides})
 
 
+class ReferenceSteps:
+    """The package's GRPO update (GRPOTrainer.update) on `model`, one batch at a time, with one optimizer."""
+
+    def __init__(self, model, tokenizer, config) -> None:
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.ref_model = make_reference_model(model) if config.beta != 0 else None
+        self.trainer = GRPOTrainer(
+            model,
+            [correctness_reward, format_reward],
+            args=config,
+            train_dataset=make_arithmetic_dataset(16, "train", seed=0),
+            processing_class=tokenizer,
+            ref_model=self.ref_model,
+        )
+
+    def step(self, batch: dict, seed: int) -> dict:
+        """Sample after torch.manual_seed(seed), score, update -> {"loss", "reward", "grad_norm"}; the model keeps
+        the step's gradients."""
+        rollout, rewards = seeded_rollout(self.model, self.tokenizer, batch, self.config, self.ref_model, seed)
+        metrics = self.trainer.update(rollout, rewards)
+        return {"loss": metrics["loss"], "reward": rewards.mean().item(), "grad_norm": metrics["grad_norm"]}
+
+    def informative_seed(self, batch: dict, seed: int, tries: int = 20) -> int:
+        """The first of seed, seed + 1, ... whose rollout from the current weights gives some group unequal rewards.
+
+        When every group's G rewards are equal, every advantage is 0 and so is the step's gradient at ratio 1 (the
+        KL's too, at step 1): what is left is rounding noise, which Adam turns into steps of lr * sign(noise). Such a
+        step tells a right update from a wrong one by chance. With 4 prompts of the tiny Qwen, about 1 seed in 25.
+        """
+        G = self.config.num_generations
+        for candidate in range(seed, seed + tries):
+            _, rewards = seeded_rollout(self.model, self.tokenizer, batch, self.config, self.ref_model, candidate)
+            groups = rewards.view(-1, G)
+            if (groups != groups[:, :1]).any():
+                return candidate
+        return seed
+
+
 def reference_grpo_steps(model, tokenizer, batches: list[dict], config, seeds: list[int]) -> tuple[list[dict], object]:
     """The package's GRPO update (GRPOTrainer.update) on each batch in turn; returns its metrics and the trainer."""
-    ref_model = make_reference_model(model) if config.beta != 0 else None
-    dataset = make_arithmetic_dataset(16, "train", seed=0)
-    trainer = GRPOTrainer(
-        model,
-        [correctness_reward, format_reward],
-        args=config,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        ref_model=ref_model,
-    )
-    results = []
-    for batch, seed in zip(batches, seeds, strict=True):
-        rollout, rewards = seeded_rollout(model, tokenizer, batch, config, ref_model, seed)
-        metrics = trainer.update(rollout, rewards)
-        results.append({"loss": metrics["loss"], "reward": rewards.mean().item(), "grad_norm": metrics["grad_norm"]})
-    return results, trainer
+    reference = ReferenceSteps(model, tokenizer, config)
+    return [reference.step(batch, seed) for batch, seed in zip(batches, seeds, strict=True)], reference.trainer
 
 
 def seeded_rollout(model, tokenizer, batch: dict, config, ref_model, seed: int) -> tuple[Rollout, torch.Tensor]:

@@ -2,7 +2,9 @@
 
 The learner's step and the reference start from copies of the same model and
 sample after the same seed, so rewards, loss, gradients, grad_norm and the
-updated weights must all agree.
+updated weights must all agree. Each step is compared as it is taken, on a seed
+whose samples give some group unequal rewards (a step without any is rounding
+noise), and the learner's next step starts from the reference's weights.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ import torch
 
 from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, case_seed, cases, check, expect_close, run_check
-from minigrpo.grading.labs import reference_grpo_steps, single_thread, small_grpo_config, tiny_model_and_tokenizer
+from minigrpo.grading.labs import (
+    ReferenceSteps,
+    reference_grpo_steps,
+    single_thread,
+    small_grpo_config,
+    tiny_model_and_tokenizer,
+)
 from minigrpo.models import make_reference_model
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer
 
 
-@cases("check_grpo_step", references=[GRPOTrainer, reference_grpo_steps])
+@cases("check_grpo_step", references=[GRPOTrainer, reference_grpo_steps, ReferenceSteps])
 def _grpo_step_cases() -> list[Case]:
     def compare(overrides: dict, case_seeds: list[int]):
         def run(learner):
@@ -30,10 +38,7 @@ def _grpo_step_cases() -> list[Case]:
                 data = make_arithmetic_dataset(4 * len(case_seeds), "train", seed=case_seed(7))
                 batches = [data[4 * i : 4 * i + 4] for i in range(len(case_seeds))]
                 base, tokenizer = tiny_model_and_tokenizer()
-                reference_model = copy.deepcopy(base)
-                seeds = [case_seed(seed) for seed in case_seeds]
-                want, trainer = reference_grpo_steps(reference_model, tokenizer, batches, config, seeds)
-                model = copy.deepcopy(base)
+                reference_model, model = copy.deepcopy(base), copy.deepcopy(base)
                 ref_model = make_reference_model(base) if config.beta != 0 else None
                 optimizer = torch.optim.AdamW(
                     model.parameters(),
@@ -41,8 +46,10 @@ def _grpo_step_cases() -> list[Case]:
                     betas=(config.adam_beta1, config.adam_beta2),
                     weight_decay=config.weight_decay,
                 )
-                results = []
-                for step, (batch, seed, expected) in enumerate(zip(batches, seeds, want, strict=True), start=1):
+                reference = ReferenceSteps(reference_model, tokenizer, config)
+                for i, batch in enumerate(batches):
+                    step, seed = i + 1, reference.informative_seed(batch, case_seed(case_seeds[i]))
+                    expected = reference.step(batch, seed)
                     torch.manual_seed(seed)
                     got = learner(
                         model, ref_model, tokenizer, optimizer, batch, [correctness_reward, format_reward], config
@@ -50,11 +57,10 @@ def _grpo_step_cases() -> list[Case]:
                     if not isinstance(got, dict) or not {"loss", "reward", "grad_norm"} <= set(got):
                         raise Mismatch(f"step {step}: return a dict with 'loss', 'reward' and 'grad_norm', got {got!r}")
                     _compare_step(got, expected, step)
-                    results.append(got)
-                _compare_gradients(model, reference_model)
-                for step, (got, expected) in enumerate(zip(results, want, strict=True), start=1):
+                    _compare_gradients(model, reference_model, step)
                     _compare_grad_norm(got, expected, step)
-                _compare_parameters(model, reference_model)
+                    _compare_parameters(model, reference_model, step)
+                    _take_weights(model, reference_model)
 
         return run
 
@@ -97,15 +103,15 @@ _COMPOSITION_HINT = (
 )
 
 
-def _compare_gradients(model, reference_model) -> None:
-    """The last step's (clipped) gradients: the loss's value at step 1 is about 0 whatever the advantages."""
+def _compare_gradients(model, reference_model, step: int) -> None:
+    """The step's (clipped) gradients: the loss's value at step 1 is about 0 whatever the advantages."""
     for (name, p), (_, q) in zip(model.named_parameters(), reference_model.named_parameters(), strict=True):
         if p.grad is not None and q.grad is not None:
             expect_close(
                 p.grad,
                 q.grad,
                 atol=1e-5,
-                what=f"gradient of {name}",
+                what=f"step {step}: gradient of {name}",
                 hint="the loss matches but its gradient does not (at step 1 the loss is about 0 whatever the "
                 "advantages), and the gradients must be zeroed before each backward. " + _COMPOSITION_HINT,
             )
@@ -122,7 +128,7 @@ def _compare_grad_norm(got: dict, expected: dict, step: int) -> None:
     )
 
 
-def _compare_parameters(model, reference_model) -> None:
+def _compare_parameters(model, reference_model, step: int) -> None:
     """The updated weights agree with the reference's (to 1e-6) on at least 99% of the elements.
 
     Not all of them: Adam moves an element by about lr * sign(g) even when g is rounding noise, so a gradient
@@ -134,9 +140,20 @@ def _compare_parameters(model, reference_model) -> None:
         total += q.numel()
     if differ > 0.01 * total:
         raise Mismatch(
-            f"{differ} of {total} weights after the step differ from the reference's: call optimizer.zero_grad(), "
-            "loss.backward(), clip the gradient norm, then optimizer.step(), once per step."
+            f"step {step}: {differ} of {total} weights after the step differ from the reference's: call "
+            "optimizer.zero_grad(), loss.backward(), clip the gradient norm, then optimizer.step(), once per step."
         )
+
+
+def _take_weights(model, reference_model) -> None:
+    """Copy the reference's weights into the learner's model, in place (its optimizer keeps its state).
+
+    The few elements Adam flips by 2 lr (above) would otherwise change the next step's samples wherever two tokens
+    are nearly tied, and with them that step's gradients: the next step must start from the same weights.
+    """
+    with torch.no_grad():
+        for p, q in zip(model.parameters(), reference_model.parameters(), strict=True):
+            p.copy_(q)
 
 
 @check
