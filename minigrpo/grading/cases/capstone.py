@@ -78,6 +78,8 @@ STAGES = (
 """The package's solutions of the capstone's stages: a function that is, wraps or runs one earns nothing."""
 PROMPTS = 3
 """Prompts in the sampler's and the log-probs' cases."""
+NEAR_GREEDY_MOST = 7
+"""The most different completions the PROMPTS prompts may have in all, 8 samples each at temperature 0.02."""
 
 
 def _batch(n: int, seed: int = 11) -> dict:
@@ -178,10 +180,14 @@ def _sampler_cases() -> list[Case]:
                 "at temperature 1.5 the 8 completions of every prompt are identical: sample "
                 "(do_sample=True), do not decode greedily, and sample each of the G rows on its own."
             )
-        if max(cold_distinct) > 2:
+        # Near greedy, a prompt whose two best tokens are almost tied can still branch: over 300 drawn secrets the
+        # solution's sampler gave the 3 prompts 3-6 different completions in all (3 in 70% of draws, one prompt 3
+        # in 1%), and sampling at temperature 1 instead (temperature ignored) gave 9-23.
+        if sum(cold_distinct) > NEAR_GREEDY_MOST:
             raise Mismatch(
-                "at temperature 0.02 the completions of a prompt should be (almost) all the same: pass the "
-                "temperature to generate (logits / temperature), and no top_k / top_p that changes it."
+                f"at temperature 0.02 the completions of a prompt should be (almost) all the same, got {cold_distinct} "
+                "different ones per prompt: pass the temperature to generate (logits / temperature), and no top_k / "
+                "top_p that changes it."
             )
 
     return [
