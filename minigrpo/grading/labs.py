@@ -92,26 +92,34 @@ class ReferenceSteps:
         metrics = self.trainer.update(rollout, rewards)
         return {"loss": metrics["loss"], "reward": rewards.mean().item(), "grad_norm": metrics["grad_norm"]}
 
-    def informative_seed(self, batch: dict, seed: int, tries: int = 20) -> int:
-        """The first of seed, seed + 1, ... whose rollout from the current weights gives some group unequal rewards.
-
-        When every group's G rewards are equal, every advantage is 0 and so is the step's gradient at ratio 1 (the
-        KL's too, at step 1): what is left is rounding noise, which Adam turns into steps of lr * sign(noise). Such a
-        step tells a right update from a wrong one by chance. With 4 prompts of the tiny Qwen, about 1 seed in 25.
-        """
-        G = self.config.num_generations
-        for candidate in range(seed, seed + tries):
-            _, rewards = seeded_rollout(self.model, self.tokenizer, batch, self.config, self.ref_model, candidate)
-            groups = rewards.view(-1, G)
-            if (groups != groups[:, :1]).any():
-                return candidate
-        return seed
+    def informative_seed(self, batch: dict, seed: int) -> int:
+        """The first seed from `seed` on whose rollout from the current weights has signal (informative_rollout)."""
+        return informative_rollout(self.model, self.tokenizer, batch, self.config, self.ref_model, seed)[2]
 
 
 def reference_grpo_steps(model, tokenizer, batches: list[dict], config, seeds: list[int]) -> tuple[list[dict], object]:
     """The package's GRPO update (GRPOTrainer.update) on each batch in turn; returns its metrics and the trainer."""
     reference = ReferenceSteps(model, tokenizer, config)
     return [reference.step(batch, seed) for batch, seed in zip(batches, seeds, strict=True)], reference.trainer
+
+
+def informative_rollout(
+    model, tokenizer, batch: dict, config, ref_model, seed: int, tries: int = 20
+) -> tuple[Rollout, torch.Tensor, int]:
+    """seeded_rollout with the first of seed, seed + 1, ... whose samples give some group unequal rewards
+    -> (rollout, rewards (N,), the seed); after `tries` seeds, the first one's.
+
+    When every group's G rewards are equal, every advantage is 0 and so is the gradient at ratio 1 (the KL's too
+    before the first step): what is left is rounding noise, which Adam turns into steps of lr * sign(noise). A case
+    built on it tells a right update from a wrong one by chance. With 4 prompts of the tiny Qwen: about 1 seed in 25.
+    """
+    G = config.num_generations
+    for candidate in range(seed, seed + tries):
+        rollout, rewards = seeded_rollout(model, tokenizer, batch, config, ref_model, candidate)
+        groups = rewards.view(-1, G)  # (B, G)
+        if (groups != groups[:, :1]).any():
+            return rollout, rewards, candidate
+    return (*seeded_rollout(model, tokenizer, batch, config, ref_model, seed), seed)
 
 
 def seeded_rollout(model, tokenizer, batch: dict, config, ref_model, seed: int) -> tuple[Rollout, torch.Tensor]:
