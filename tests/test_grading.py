@@ -410,6 +410,32 @@ def test_padding_in_mask_puts_every_completion_position_in_the_loss():
     torch.testing.assert_close(logps["padding_in_mask"], logps[None])  # the same tokens scored the same way
 
 
+def test_informative_rollout_skips_seeds_whose_groups_all_have_equal_rewards(monkeypatch):
+    """A case's rollout must carry signal: seeds whose every group has equal rewards (all advantages 0) are skipped;
+    when none of `tries` seeds has any, the first seed's rollout is used."""
+    from minigrpo.grading import labs
+
+    rewards_by_seed = {
+        5: [1.0, 1.0, 0.0, 0.0],  # G = 2: both groups equal
+        6: [0.5, 0.5, 0.5, 0.5],
+        7: [1.0, 1.0, 0.0, 1.0],  # the second group differs
+    }
+    sampled = []
+
+    def scripted_rollout(model, tokenizer, batch, config, ref_model, seed):
+        sampled.append(seed)
+        return f"rollout {seed}", torch.tensor(rewards_by_seed.get(seed, [0.0] * 4))
+
+    monkeypatch.setattr(labs, "seeded_rollout", scripted_rollout)
+    config = type("Config", (), {"num_generations": 2})()
+    assert labs.informative_rollout(None, None, {}, config, None, 5)[::2] == ("rollout 7", 7)
+    assert sampled == [5, 6, 7]
+    sampled.clear()
+    rollout, rewards, seed = labs.informative_rollout(None, None, {}, config, None, 8, tries=3)
+    assert (rollout, seed, sampled) == ("rollout 8", 8, [8, 9, 10, 8])  # none had signal: the first seed's
+    assert labs.informative_rollout(None, None, {}, config, None, 6, tries=1)[2] == 6
+
+
 def test_the_healthy_planted_bug_trainer_matches_the_package():
     """With no bug, the failure-mode trainer's loss and gradient norm are GRPOTrainer's."""
     from minigrpo.models import make_reference_model

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from minigrpo.advantages import group_relative_advantages, group_rewards
+from minigrpo.advantages import group_relative_advantages, group_rewards, zero_std_groups
 from minigrpo.config import GRPOConfig
 from minigrpo.logprobs import completion_position_ids, masked_mean
 from minigrpo.losses import aggregate_loss, clipped_surrogate, importance_ratio, kl_penalty
@@ -116,8 +116,7 @@ def informative_rollout(
     G = config.num_generations
     for candidate in range(seed, seed + tries):
         rollout, rewards = seeded_rollout(model, tokenizer, batch, config, ref_model, candidate)
-        groups = rewards.view(-1, G)  # (B, G)
-        if (groups != groups[:, :1]).any():
+        if not zero_std_groups(rewards.view(-1, G)).all():  # (B, G): some group's rewards differ
             return rollout, rewards, candidate
     return (*seeded_rollout(model, tokenizer, batch, config, ref_model, seed), seed)
 
