@@ -182,8 +182,8 @@ def _sampler_cases() -> list[Case]:
                 "(do_sample=True), do not decode greedily, and sample each of the G rows on its own."
             )
         # Near greedy, a prompt whose two best tokens are almost tied can still branch: over 300 drawn secrets the
-        # solution's sampler gave the 3 prompts 3-6 different completions in all (3 in 70% of draws, one prompt 3
-        # in 1%), and sampling at temperature 1 instead (temperature ignored) gave 9-23.
+        # solution's sampler gave the 3 prompts 3-6 different completions in all (one each in 70% of the draws; one
+        # prompt with 3 in 1%), and sampling at temperature 1 instead (temperature ignored) gave 9-23.
         if sum(cold_distinct) > NEAR_GREEDY_MOST:
             raise Mismatch(
                 f"at temperature 0.02 the completions of a prompt should be (almost) all the same, got {cold_distinct} "
