@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import logging
+import sys
 import warnings
 from pathlib import Path
 
@@ -49,6 +51,26 @@ TINY_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-qwen"
 QWEN_MODEL_ID = "Qwen/Qwen2.5-0.5B-Instruct"
 QWEN_1_5B_MODEL_ID = "Qwen/Qwen2.5-1.5B-Instruct"  # with LoRA on a T4: GRPOConfig.qwen1_5b_lora_t4()
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
+
+
+class _DropBitsandbytesCpuKernelProbe(logging.Filter):
+    """Drops the two log lines of bitsandbytes' search for an optional CPU kernel, and nothing else.
+
+    bitsandbytes (the qlora extra) is imported by peft, which transformers' trainer modules import. On a CPU with
+    AVX-512 BF16 it then asks the Hub, through the kernels package, for a CPU kernel, and logs a warning when it
+    cannot have one (offline, or a publisher that cannot be verified). minigrpo runs bitsandbytes only for 4-bit
+    weights on CUDA, so those lines say nothing about a run; in a lesson they land in the middle of its output.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        probe_failed = message.startswith("Failed to load CPU gemm_4bit_forward")  # bitsandbytes' line
+        trust_skipped = message.startswith("Skipping publisher trust check") and "quantization-bitsandbytes" in message
+        return not (probe_failed or trust_skipped)
+
+
+for _probe_logger in ("bitsandbytes.backends.cpu.ops", "kernels._internals.hf_hub"):  # the loggers of those lines
+    logging.getLogger(_probe_logger).addFilter(_DropBitsandbytesCpuKernelProbe())
 
 
 # --- device and precision -----------------------------------------------------------
@@ -315,12 +337,13 @@ def lora_config(r: int = 16, lora_alpha: int = 32, lora_dropout: float = 0.0, ta
 
 
 def is_peft_model(model) -> bool:
-    """True for a model wrapped with adapters by PEFT (a PeftModel)."""
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+    """True for a model wrapped with adapters by PEFT (a PeftModel).
+
+    Imports nothing: a PeftModel can only exist once peft is imported, and importing peft just to ask takes seconds
+    and imports bitsandbytes where it is installed, which on CPUs with AVX-512 BF16 looks for a kernel on the Hub and
+    logs to stderr (a line in the middle of a lesson's output)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def add_adapters(model: PreTrainedModel, peft_config, seed: int = 0) -> PreTrainedModel:

@@ -1,4 +1,9 @@
-"""Device and precision choice (mocked GPUs), the reference model, gradient checkpointing."""
+"""Device and precision choice (mocked GPUs), the reference model, gradient checkpointing, and what importing the
+optional libraries (peft, bitsandbytes) costs a run that does not use them."""
+
+import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -83,3 +88,44 @@ def test_gradient_checkpointing_same_gradients_and_off_for_the_reference():
     torch.testing.assert_close(gradient(), plain, rtol=1e-5, atol=1e-6)
     set_gradient_checkpointing(model, False)
     assert not gradient_checkpointing_is_on(model)
+
+
+def test_asking_whether_a_plain_model_has_adapters_imports_no_peft():
+    """make_reference_model asks it of every policy. Importing peft to answer would import bitsandbytes where it is
+    installed: seconds, and on CPUs with AVX-512 BF16 a Hub kernel probe that writes to a lesson's stderr."""
+    code = """
+import sys
+from minigrpo import load_model_and_tokenizer
+from minigrpo.models import is_peft_model, make_reference_model
+model, _ = load_model_and_tokenizer("tiny", device="cpu")
+make_reference_model(model)
+assert not is_peft_model(model)
+print(sorted({"peft", "bitsandbytes"} & set(sys.modules)))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_bitsandbytes_cpu_kernel_probe_lines_are_dropped_and_nothing_else(caplog):
+    """The lines bitsandbytes and the kernels package log when a CPU kernel cannot be had (each as logged there),
+    beside other lines of the same loggers, which still get through."""
+    bitsandbytes_cpu = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    kernels_hub = logging.getLogger("kernels._internals.hf_hub")
+    with caplog.at_level(logging.WARNING):
+        bitsandbytes_cpu.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already `pip "
+            "install kernels` and the kernels >= 0.11.1",
+            "Kernel repository could not verify publisher trust status",
+        )
+        kernels_hub.warning(
+            "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes' because Hugging Face "
+            "Hub is in offline mode."
+        )
+        kernels_hub.warning("Skipping publisher trust check for 'someone/their-kernel' because Hugging Face Hub is "
+                            "in offline mode.")  # fmt: skip
+        bitsandbytes_cpu.warning("some other warning")
+    assert [record.getMessage() for record in caplog.records] == [
+        "Skipping publisher trust check for 'someone/their-kernel' because Hugging Face Hub is in offline mode.",
+        "some other warning",
+    ]
