@@ -51,7 +51,11 @@ def ran(tmp_path_factory, copy_from_checkout):
         path.parent.mkdir(parents=True)
         nbformat.write(notebook(*cells, stamp=stamp), path)
     (home / "bin").mkdir()
-    (home / "bin" / "python").symlink_to(sys.executable)  # the guide says `python`: this environment's
+    # The guide says `python`: this environment's. A script that runs it, not a symlink to it: Python finds its
+    # virtual environment next to the path it was started by, and a symlink elsewhere starts the base interpreter.
+    python = home / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
     env = {**os.environ, "PATH": f"{home / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     env |= {"PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}  # offline
     outputs = []
