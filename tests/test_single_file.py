@@ -1,6 +1,7 @@
 """examples/grpo_single_file.py, the whole algorithm in one file, is the package's algorithm: on one fixed batch its
-advantages, log-probs, loss, gradients and updated weights equal minigrpo's within 1e-5 for every loss_type, on- and
-off-policy, with and without the KL term; its evaluation is the package's; its defaults are the tiny preset's; it
+advantages, log-probs, loss and gradients equal minigrpo's within 1e-5, and its updated weights within 1e-6 wherever
+float32 rounding cannot decide Adam's first step, for every loss_type, on- and off-policy, with and without the KL
+term; its evaluation is the package's; its defaults are the tiny preset's; it
 imports none of the package's stages; and its fast mode runs."""
 
 import ast
@@ -33,6 +34,7 @@ from minigrpo.tasks.arithmetic import make_question
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "grpo_single_file.py"
 TOLERANCE = 1e-5
+STEP_TOLERANCE = 1e-6  # weights after one step of lr 3e-4: a few float32 steps of a weight near 1 (1.2e-7 each)
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 ALLOWED_IMPORTS = {
     "minigrpo.models": {"load_model_and_tokenizer"},  # the bundled tiny Qwen's folder, loaded as any model is
@@ -226,6 +228,17 @@ def package_update(trainer, rollout, advantages):
     return trainer.grpo_step(rollout, advantages, rollout.completion_mask)
 
 
+def adam_first_step_is_conditioned(ours: torch.Tensor, theirs: torch.Tensor, eps: float) -> torch.Tensor:
+    """Where Adam's first step is a function of the gradient that float32 rounding cannot change: a boolean mask.
+
+    That step moves each weight by lr * g / (|g| + eps) (and the decay): where |g| is near Adam's eps (1e-8), a
+    rounding difference of 1e-9 in g, as two summation orders give, moves it by a noticeable part of lr (a weight
+    1.7e-5 apart at lr 3e-4 on one CPU). Where both gradients exceed 100 eps, or both are exactly 0 (the embeddings
+    of tokens absent from the batch), the two steps agree to float32's last digit."""
+    both_large = (ours.abs() > 100 * eps) & (theirs.abs() > 100 * eps)
+    return both_large | ((ours == 0) & (theirs == 0))
+
+
 @pytest.mark.parametrize("loss_type, off_policy, beta", CASES)
 def test_one_update_is_the_packages_trainer_step(fixed, loss_type, off_policy, beta, tmp_path):
     """The whole update: micro-batches with accumulation, clipping (the gradient norm exceeds max_grad_norm here),
@@ -256,9 +269,13 @@ def test_one_update_is_the_packages_trainer_step(fixed, loss_type, off_policy, b
     assert abs(grad_norm - metrics["grad_norm"]) <= TOLERANCE and grad_norm > args.max_grad_norm
     ours, theirs = dict(model.named_parameters()), dict(package_model.named_parameters())
     assert ours.keys() == theirs.keys()
+    compared = 0
     for name, parameter in ours.items():
         assert (parameter.grad - theirs[name].grad).abs().max() <= TOLERANCE, name
-        assert (parameter - theirs[name]).abs().max() <= TOLERANCE, name
+        conditioned = adam_first_step_is_conditioned(parameter.grad, theirs[name].grad, optimizer.defaults["eps"])
+        assert ((parameter - theirs[name]) * conditioned).abs().max() <= STEP_TOLERANCE, name
+        compared += int(conditioned.sum())
+    assert compared >= 0.9 * sum(p.numel() for p in ours.values())  # nearly all the weights: 95% here
     start, _ = load_model_and_tokenizer("tiny", device="cpu")
     moved = [(p - q).abs().max().item() for p, q in zip(model.parameters(), start.parameters(), strict=True)]
     assert max(moved) > 1e-4  # the step changed the weights
