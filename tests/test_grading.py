@@ -485,16 +485,6 @@ def run_grade(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minigrpo", "grade", *map(str, args)], capture_output=True, text=True)
 
 
-def lost_points(notebook: dict) -> list[str]:
-    """Each case of a graded notebook's report that lost points: 'check: case (points/max): message'."""
-    return [
-        f"{check['check']}: {case['name']} ({case['points']:g}/{case['max_points']:g}): {case['message']}"
-        for check in notebook["checks"]
-        for case in check.get("cases", [])
-        if case["points"] < case["max_points"]
-    ] + [f"{check['check']}: not run: {check['not_run']}" for check in notebook["checks"] if check.get("not_run")]
-
-
 # Graded beside every solution: a plain function check and the capstone (a model, training and the own-code check in
 # the kernel). Every exercise holds stubs only (test_exercises.py reads them all); grading these two shows that stubs
 # score 0 on every kind of check, at a fraction of the time all fifteen take (the suite's longest test).
@@ -527,8 +517,11 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
     assert len(solutions) == len(list((ROOT / "solutions").glob("*.ipynb"))) and len(exercises) == len(
         SAMPLED_EXERCISES
     )
+    with open(tmp_path / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))  # one per notebook and check; lost_points says what failed
     for notebook in solutions:
-        assert notebook["points"] == notebook["max_points"] > 0, (notebook["exercise"], lost_points(notebook))
+        lost = [f"{r['check']}: {r['lost_points']}" for r in rows if r["path"] == notebook["path"] and r["lost_points"]]
+        assert notebook["points"] == notebook["max_points"] > 0, (notebook["exercise"], lost)
         assert notebook["errors"] == [], notebook
     for notebook in exercises:
         assert notebook["points"] == 0 and notebook["max_points"] > 0, notebook
@@ -546,8 +539,6 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
     exercise_points = sum(n["max_points"] for n in exercises)
     assert report["points"] == total_solution_points
     assert report["max_points"] == total_solution_points + exercise_points + 6
-    with open(tmp_path / "grades.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
     assert [(r["path"], r["check"]) for r in rows] == [
         (n["path"], c["check"]) for n in report["notebooks"] for c in n["checks"]
     ]  # one row per notebook and check, in the report's order
