@@ -1,8 +1,8 @@
 """examples/grpo_single_file.py, the whole algorithm in one file, is the package's algorithm: on one fixed batch its
 advantages, log-probs, loss and gradients equal minigrpo's within 1e-5, and its updated weights within 1e-6 wherever
 float32 rounding cannot decide Adam's first step, for every loss_type, on- and off-policy, with and without the KL
-term; its evaluation is the package's; its defaults are the tiny preset's; it
-imports none of the package's stages; and its fast mode runs."""
+term; its evaluation is the package's; its defaults are the tiny preset's; it imports none of the package's stages;
+and its fast mode runs."""
 
 import ast
 import copy
