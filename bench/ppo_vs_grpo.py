@@ -3,7 +3,7 @@
 Runs on any CPU (the tiny Qwen) or any CUDA machine, from a checkout of the repository after
 `pip install -e ".[bench]"`:
 
-    python bench/ppo_vs_grpo.py                    # tiny Qwen on the CPU: 5 seeds x 2 algorithms + tuning, ~30 min
+    python bench/ppo_vs_grpo.py                    # tiny Qwen on the CPU: 5 seeds x 2 algorithms + tuning, ~17 min
     python bench/ppo_vs_grpo.py --quick            # 2 seeds, 2 steps, in this process: the plumbing in seconds
     python bench/ppo_vs_grpo.py --model qwen0.5b-shape --learning-rates 1e-6 --steps 10   # Qwen's shape (GPU)
 
