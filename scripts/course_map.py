@@ -9,8 +9,10 @@ Each row's question is README.md's own (edit it there: --write keeps it); the ot
 Reading time is what each lesson's **Time:** line states, which must be its words, prose and code, at 150 a minute,
 within 5 minutes (a time in steps of 5 minutes, give or take a step, so that an edit of a few words changes no line;
 code is read more slowly than prose and is counted as words). The graded exercises are those its "## Practice: graded
-exercises" section links. The run time is what the lesson's **Time:** line says of its code, quoted: those figures
-were measured when the lessons were written, on two CPU cores, in each lesson's full mode.
+exercises" section links. The run time is what the lesson's **Time:** line says of its code, quoted: "about N seconds"
+or "about N minutes" (or "about a minute") on two CPU cores, the wall time of running the whole lesson from a fresh
+kernel in its full mode (what a learner runs: MINIGRPO_QUICK unset), measured with nbclient on a quiet two-core
+machine. The map's last line sums them.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ BEGIN, END = "<!-- course map: scripts/course_map.py --write -->", "<!-- end of 
 PRACTICE = "## Practice: graded exercises"
 OPTIONAL = {"05_ppo_vs_grpo.ipynb"}  # a detour the course reads correctly without
 TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+) minutes to read(.*?)(?:\n\n|$)", re.S)
+RUN_TIME = re.compile(r"\babout (a|\d+(?:\.\d+)?) (second|minute)s? on two CPU cores")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,15 @@ class Lesson:
     def counted_minutes(self) -> float:
         """The words at WORDS_PER_MINUTE."""
         return self.words / WORDS_PER_MINUTE
+
+    @property
+    def run_seconds(self) -> float | None:
+        """The run time its Time line states ("about 20 seconds on two CPU cores"), or None where it states none."""
+        found = RUN_TIME.search(self.runs)
+        if found is None:
+            return None
+        amount = 1.0 if found.group(1) == "a" else float(found.group(1))
+        return amount * (60 if found.group(2) == "minute" else 1)
 
 
 def read_lesson(path: Path) -> Lesson:
@@ -90,24 +102,32 @@ def render(course: list[Lesson], questions: dict[str, str]) -> str:
     optional = sum(lesson.stated_minutes for lesson in course if lesson.name in OPTIONAL)
     hours = lambda minutes: f"{minutes // 60} h {minutes % 60:02d} min"  # noqa: E731
     linked = sorted({name for lesson in course for name in lesson.exercises})
+    run_minutes = sum(lesson.run_seconds or 0 for lesson in course) / 60
+    optional_run_minutes = sum(lesson.run_seconds or 0 for lesson in course if lesson.name in OPTIONAL) / 60
     rows.append("")
     rows.append(
         f"Reading, every lesson: {hours(total)} ({hours(total - optional)} without the optional lesson 05), at "
-        f"{WORDS_PER_MINUTE} words a minute, code included; {len(linked)} graded exercises, each linked from the "
-        "lesson it practises."
+        f"{WORDS_PER_MINUTE} words a minute, code included; running every lesson's code: about {run_minutes:.0f} min "
+        f"({run_minutes - optional_run_minutes:.0f} min without lesson 05) on two CPU cores; {len(linked)} graded "
+        "exercises, each linked from the lesson it practises."
     )
     return "\n".join(rows)
 
 
 def problems(root: Path = ROOT) -> list[str]:
-    """What disagrees: a lesson whose Time line is more than 5 minutes from its words' count, a README whose map is
-    not render()'s."""
+    """What disagrees: a lesson whose Time line is more than 5 minutes from its words' count or states no run time, a
+    README whose map is not render()'s."""
     course = lessons(root)
     found = [
         f"notebooks/{lesson.name}: its Time line says {lesson.stated_minutes} minutes to read; its "
         f"{lesson.words} words make {lesson.counted_minutes:.0f}"
         for lesson in course
         if abs(lesson.stated_minutes - lesson.counted_minutes) > 5
+    ]
+    found += [
+        f"notebooks/{lesson.name}: its Time line states no run time ('... runs in about N seconds on two CPU cores')"
+        for lesson in course
+        if lesson.run_seconds is None
     ]
     readme = (root / "README.md").read_text(encoding="utf-8")
     if BEGIN not in readme or END not in readme:

@@ -25,7 +25,7 @@ def test_a_stated_reading_time_is_the_words_at_150_a_minute_within_5_minutes(tmp
     assert lesson.counted_minutes == pytest.approx(21.387, abs=1e-3)
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "README.md").write_text("no map")  # problems()'s last line, whatever the lesson
-    time_line = "**Time:** about 20 minutes to read; it runs in seconds."
+    time_line = "**Time:** about 20 minutes to read; it runs in about 5 seconds on two CPU cores."
     cells = [{"cell_type": "markdown", "source": time_line}]
     for words, flagged in ((2251, False), (3749, False), (2249, True), (3751, True)):  # 15.007 .. 24.993 minutes
         cells_with_words = [*cells, {"cell_type": "markdown", "source": "word " * (words - len(time_line.split()))}]
@@ -37,16 +37,41 @@ def test_a_stated_reading_time_is_the_words_at_150_a_minute_within_5_minutes(tmp
 
 def test_the_totals_are_the_sums_of_the_rows():
     course = [
-        course_map.Lesson("00_a.ipynb", 1500, 10, "runs in seconds", ()),
-        course_map.Lesson("05_ppo_vs_grpo.ipynb", 3000, 20, "runs for 30 minutes", ("07_gae_for_ppo.ipynb",)),
-        course_map.Lesson("06_b.ipynb", 9000, 60, "runs for minutes", ("07_gae_for_ppo.ipynb", "15_x.ipynb")),
+        course_map.Lesson("00_a.ipynb", 1500, 10, "about 30 seconds on two CPU cores", ()),
+        course_map.Lesson(
+            "05_ppo_vs_grpo.ipynb", 3000, 20, "about 30 minutes on two CPU cores", ("07_gae_for_ppo.ipynb",)
+        ),
+        course_map.Lesson(
+            "06_b.ipynb", 9000, 60, "about 2.5 minutes on two CPU cores", ("07_gae_for_ppo.ipynb", "15_x.ipynb")
+        ),
     ]
     table = course_map.render(course, {"00_a.ipynb": "why?"})
     rows = table.splitlines()
-    assert rows[2] == "| [`00_a`](notebooks/00_a.ipynb) | why? | none | 10 min | runs in seconds |"
+    assert rows[2] == "| [`00_a`](notebooks/00_a.ipynb) | why? | none | 10 min | about 30 seconds on two CPU cores |"
     assert rows[3].startswith("| [`05_ppo_vs_grpo`](notebooks/05_ppo_vs_grpo.ipynb) (optional) |  | [07](exercises/")
     assert rows[-1].startswith("Reading, every lesson: 1 h 30 min (1 h 10 min without the optional lesson 05)")
+    assert "running every lesson's code: about 33 min (3 min without lesson 05) on two CPU cores" in rows[-1]
     assert "2 graded exercises" in rows[-1]
+
+
+def test_a_run_time_is_read_in_seconds_and_a_lesson_that_states_none_is_named(tmp_path):
+    stated = {
+        "its code runs in about a minute on two CPU cores": 60,
+        "the code runs in about 6 seconds on two CPU cores": 6,
+        "its code runs in about 2.5 minutes on two CPU cores with the tiny Qwen": 150,
+        "the code runs in seconds on a CPU": None,  # no figure
+        "about 20 seconds on a GPU": None,  # not the machine the map counts on
+    }
+    for runs, seconds in stated.items():
+        assert course_map.Lesson("x.ipynb", 0, 0, runs, ()).run_seconds == seconds, runs
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "README.md").write_text("no map")
+    lesson = {"cells": [{"cell_type": "markdown", "source": "**Time:** about 5 minutes to read; it runs in seconds."}]}
+    (tmp_path / "notebooks" / "03_x.ipynb").write_text(json.dumps(lesson))
+    named, _ = course_map.problems(tmp_path)
+    assert named == (
+        "notebooks/03_x.ipynb: its Time line states no run time ('... runs in about N seconds on two CPU cores')"
+    )
 
 
 def test_a_lesson_whose_time_line_disagrees_is_named(tmp_path):
