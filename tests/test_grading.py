@@ -574,6 +574,29 @@ def test_a_notebook_that_runs_out_of_time_is_graded_not_crashed(tmp_path):
     assert "timed out" in report.checks[0]["not_run"]
 
 
+def test_a_kernel_that_does_not_answer_at_start_is_started_again_on_new_ports(tmp_path, monkeypatch):
+    """Kernels started at once can pick the same free port, and the one that cannot bind never answers: nbclient then
+    shuts it down and drops its manager. The grader starts a kernel once more, on a fresh manager, and grades."""
+    from minigrpo.grading import kernels
+
+    managers, connect = [], kernels.GradingClient.async_start_new_kernel_client
+
+    async def unanswered_once(client):
+        managers.append(client.km)
+        await connect(client)
+        if len(managers) == 1:  # as nbclient does when kernel_info gets no reply in time
+            await client._async_cleanup_kernel()
+            raise RuntimeError("Kernel didn't respond in 60 seconds")
+
+    monkeypatch.setattr(kernels.GradingClient, "async_start_new_kernel_client", unanswered_once)
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(broken_notebook(), path)
+    (report,) = grading.grade_notebooks([path], timeout=60)
+    assert len(managers) == 2 and managers[0] is not managers[1]
+    assert report.status == "ok" and (report.points, report.max_points) == (0, 6)  # graded, as without the failure
+    assert report.checks[0]["cases"][0]["message"] == "your code raised ZeroDivisionError: division by zero"
+
+
 def test_exit_codes_for_a_bad_path(tmp_path, capsys):
     assert grading.grade_command(str(tmp_path / "missing.ipynb")) == 2
     assert grading.grade_command(str(tmp_path)) == 2  # a folder without notebooks

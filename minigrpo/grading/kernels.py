@@ -175,6 +175,8 @@ async def stop_kernel(client: GradingClient) -> None:
     if client.kc is not None:
         client.kc.stop_channels()
         client.kc = None
+    if km is None:  # nbclient shut the kernel down and dropped its manager when the kernel did not answer at start
+        return
     try:
         if km.has_kernel:
             await asyncio.wait_for(km.shutdown_kernel(now=True), 10)

@@ -186,6 +186,12 @@ class NotebookReport:
         }
 
 
+KERNEL_START_ATTEMPTS = 2
+"""A kernel that does not answer at start is started once more, on new ports. Kernels started at the same moment
+(a class graded with --jobs, other Jupyter kernels on the machine) each pick free TCP ports, and two can pick the same
+one: one kernel cannot bind it, and its client waits on the other's until nbclient gives up (60 s)."""
+
+
 class GradingError(RuntimeError):
     """Grading itself could not run (no kernel): exit code 1."""
 
@@ -568,13 +574,21 @@ async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrup
     client = kernels.grading_client(nb, folder, path.parent.resolve(), report.time_limit * CELL_SHARE)
     kernel_pid, records, stuck = None, [], None
     try:
-        try:
-            env = _environment(jobs, folder / "tmp", **{GRADING_RUN_ENV: token})
-            kernel_pid = await kernels.start_kernel(client, env)
-            await client.async_start_new_kernel_client()
-        except Exception as error:  # no kernel: grading could not run
-            reason = f"could not start a kernel for {printable(str(path))}: {last_traceback_line(error)}"
-            raise GradingError(reason) from error
+        env = _environment(jobs, folder / "tmp", **{GRADING_RUN_ENV: token})
+        for attempt in range(1, KERNEL_START_ATTEMPTS + 1):
+            attempt_started = time.monotonic()
+            try:
+                kernel_pid = await kernels.start_kernel(client, env)
+                await client.async_start_new_kernel_client()
+                break
+            except Exception as error:
+                if attempt == KERNEL_START_ATTEMPTS:  # no kernel: grading could not run
+                    reason = f"could not start a kernel for {printable(str(path))}: {last_traceback_line(error)}"
+                    raise GradingError(reason) from error
+                kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
+                await kernels.stop_kernel(client)
+                client.km = kernels.kernel_manager(folder)  # new ports
+                deadline += time.monotonic() - attempt_started  # the notebook's time was not its to lose
         try:
             stuck = await _run_cells(client, nb, deadline, report, limit_words)
         except DeadKernelError as error:
