@@ -19,12 +19,13 @@ checkout: the wheel is tested, as a learner installs it), in quick mode (the roo
 
 - distributed: tests/test_distributed.py (torchrun and DDP on Colab's torch);
 - lessons: every lesson but 08 through nbval (--nbval-lax, as pyproject.toml's addopts: checked outputs compared), as
-  Colab runs it: from a scratch folder with nothing of the repository beside it (Colab's /content), in kernels that
-  start with a stand-in google.colab imported, so that each lesson's own setup cell pip-installs
-  `minigrpo[colab]==<version>`. pip finds the package in the wheel's folder (PIP_FIND_LINKS) and nothing on the network
-  (PIP_NO_INDEX). minigrpo is uninstalled before the part: the first lesson's setup cell installs it, and each later
-  one's pip resolves the same requirement there ("already satisfied", as in a Colab runtime that ran a lesson before);
-  the lessons share the environment on pytest-xdist's workers, so none is uninstalled under another that runs;
+  Colab runs a notebook opened from its badge: in a fresh runtime of its own, without minigrpo (a hard-linked copy of
+  the environment, made in about a second, from which the package is uninstalled), from a scratch folder with nothing
+  of the repository beside it (Colab's /content), in a kernel that starts with a stand-in google.colab imported. So
+  each lesson's own setup cell pip-installs `minigrpo[colab]==<version>` into its runtime, and a lesson that ran
+  without installing it fails on its first import. pip finds the package in the wheel's folder (PIP_FIND_LINKS) and
+  nothing on the network (PIP_NO_INDEX). Two lessons run at a time, one per core; each runtime is removed after its
+  lesson;
 - lesson08: lesson 08 without TRL (every cell runs; the cells that need TRL print course.TRL_MISSING and nothing else;
   the other checked cells print what the notebook holds), then through nbval in the environment with TRL;
 - capstone: `python -m minigrpo grade` on solutions/15_grpo_from_scratch.ipynb earns full marks.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -55,6 +57,7 @@ COPIED = ("tests", "notebooks", "solutions", "conftest.py", "pyproject.toml")  #
 NEEDS_TRL = "if trl is None:"  # how a line of each cell of lesson 08 that needs TRL begins (its guard)
 CHECK = "# NBVAL_CHECK_OUTPUT"
 PARTS = ("distributed", "lessons", "lesson08", "capstone")
+RUNTIMES_AT_ONCE = 2  # lessons run at once in the lessons part, each in its own runtime: one per core
 
 
 # --- the pins and the interpreter ----------------------------------------------------------------
@@ -211,35 +214,15 @@ import types
 output = types.SimpleNamespace(enable_custom_widget_manager=lambda: None)
 '''
 COLAB_KERNEL_STARTUP = "import google.colab  # Colab's kernels start with it imported: the setup cell's test\n"
-# A pytest plugin (-p one_pip_at_a_time): the lessons run on pytest-xdist's workers, in one environment, and each
-# lesson's setup cell runs pip there; two pip runs into one environment at once could collide.
-ONE_PIP_AT_A_TIME = '''"""A notebook's first cell (its setup cell: pip) runs while no other notebook's does."""
-
-import fcntl
-import os
-
-import pytest
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item):
-    if item.name != "Cell 0":  # nbval's name for a notebook's first code cell
-        yield
-        return
-    with open(os.environ["MINIGRPO_SETUP_LOCK"], "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-'''
 
 
 def colab_content(folder: Path, lessons: list[str], wheel: Path) -> tuple[list[str], dict]:
     """Colab in `folder`: the lessons copied into folder/content (Colab's /content: nothing of the repository beside
-    them), the stand-in google.colab and ONE_PIP_AT_A_TIME on the path, a kernel profile that imports google.colab.
-    Returns (the copied lessons, relative to `folder`; the environment variables they run with)."""
+    them), the stand-in google.colab on the path, a kernel profile that imports google.colab. Returns (the copied
+    lessons, relative to `folder`; the environment variables they run with)."""
     standin = folder / "colab-standin"
     (standin / "google" / "colab").mkdir(parents=True)  # google/ stays a namespace package (protobuf's google.*)
     (standin / "google" / "colab" / "__init__.py").write_text(COLAB_STANDIN)
-    (standin / "one_pip_at_a_time.py").write_text(ONE_PIP_AT_A_TIME)
     startup = folder / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-google-colab.py").write_text(COLAB_KERNEL_STARTUP)
@@ -249,8 +232,52 @@ def colab_content(folder: Path, lessons: list[str], wheel: Path) -> tuple[list[s
         shutil.copy(folder / lesson, folder / "content")
         copied.append(f"content/{Path(lesson).name}")
     offline_pip = {"PIP_FIND_LINKS": str(wheel.parent), "PIP_NO_INDEX": "1"}  # the wheel, and nothing downloaded
-    lock = {"MINIGRPO_SETUP_LOCK": str(folder / "setup-cell.lock")}
-    return copied, {"PYTHONPATH": str(standin), "IPYTHONDIR": str(folder / "ipython"), **offline_pip, **lock}
+    return copied, {"PYTHONPATH": str(standin), "IPYTHONDIR": str(folder / "ipython"), **offline_pip}
+
+
+def fresh_runtime(base: Path, runtime: Path) -> Path:
+    """A new Colab runtime for one lesson: a hard-linked copy of `base` (about a second; pip replaces files, never
+    writes into them, so `base` keeps its own) from which minigrpo is uninstalled. Returns its python."""
+    shutil.rmtree(runtime, ignore_errors=True)
+    runtime.parent.mkdir(parents=True, exist_ok=True)
+    run("cp", "-al", base, runtime)
+    python = runtime / "bin" / "python"
+    run(python, "-m", "pip", "uninstall", "-q", "-y", "minigrpo")
+    return python
+
+
+class LessonsInFreshRuntimes:
+    """The lessons part: each lesson through nbval in a fresh runtime of its own (fresh_runtime), RUNTIMES_AT_ONCE at a
+    time; called with the leg's environment, returns True when every lesson passed."""
+
+    def __init__(self, base: Path, folder: Path, lessons: list[str], colab_env: dict):
+        self.base, self.folder, self.lessons, self.colab_env = base, folder, lessons, colab_env
+
+    def command(self, lesson: str) -> list[str]:
+        """pytest's arguments for one lesson (-n 0: the lesson's cells in pytest's own process, one kernel)."""
+        return ["-m", "pytest", "-p", "no:cacheprovider", "-n", "0", lesson]
+
+    def run_one(self, lesson: str, env: dict) -> bool:
+        runtime = self.base.parent / "runtimes" / Path(lesson).stem  # beside base: hard links need one file system
+        python = fresh_runtime(self.base, runtime)
+        started = time.monotonic()
+        # One thread a lesson, as the root conftest.py sets under pytest-xdist: two lessons with a thread per core
+        # each spin against each other (lessons 05 and 06 took 148 s each so, against 104 s for the whole part).
+        threads = {"OMP_NUM_THREADS": "1"} if RUNTIMES_AT_ONCE > 1 else {}
+        lesson_env = {**env, **self.colab_env, **threads}
+        done = subprocess.run(
+            [str(python), *self.command(lesson)], cwd=self.folder, env=lesson_env, capture_output=True, text=True
+        )
+        shutil.rmtree(runtime, ignore_errors=True)
+        last_line = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+        print(f"{lesson}, in a fresh runtime: {last_line} ({time.monotonic() - started:.0f} s)", flush=True)
+        if done.returncode != 0:
+            print(done.stdout[-6000:], done.stderr[-3000:], sep="\n", flush=True)
+        return done.returncode == 0
+
+    def __call__(self, env: dict) -> bool:
+        with concurrent.futures.ThreadPoolExecutor(RUNTIMES_AT_ONCE) as pool:
+            return all(list(pool.map(lambda lesson: self.run_one(lesson, env), self.lessons)))
 
 
 def lesson_without_trl(notebook: Path) -> list[str]:
@@ -295,17 +322,14 @@ def printed(outputs) -> str:
 
 
 def parts(plain: Path, trl_python: Path, folder: Path, wheel: Path) -> dict[str, list]:
-    """Each part's commands: (python, arguments, environment variables beyond the leg's), run in `folder` (the
-    workspace)."""
+    """Each part's commands, run in `folder` (the workspace): (python, arguments, environment variables beyond the
+    leg's), or a callable that runs its own (the lessons, each in its own runtime)."""
     lessons = sorted(str(path.relative_to(folder)) for path in (folder / "notebooks").glob("*.ipynb"))
     in_colab, colab_env = colab_content(folder, [lesson for lesson in lessons if lesson != LESSON_08], wheel)
     grade = [CAPSTONE, "--json", "--timeout", "600"]
     return {
         "distributed": [(plain, ["-m", "pytest", "-p", "no:cacheprovider", "tests/test_distributed.py"])],
-        "lessons": [  # a runtime without minigrpo: the first lesson's setup cell installs it
-            (plain, ["-m", "pip", "uninstall", "-q", "-y", "minigrpo"]),
-            (plain, ["-m", "pytest", "-p", "no:cacheprovider", "-p", "one_pip_at_a_time", *in_colab], colab_env),
-        ],
+        "lessons": [LessonsInFreshRuntimes(plain.parent.parent, folder, in_colab, colab_env)],
         "lesson08": [
             (plain, [str(Path(__file__).resolve()), "--lesson-without-trl", LESSON_08]),
             (trl_python, ["-m", "pytest", "-p", "no:cacheprovider", LESSON_08]),
@@ -326,7 +350,11 @@ def capstone_problems(stdout: str) -> list[str]:
 def run_part(name: str, commands: list, folder: Path) -> bool:
     env = {**leg_environment(), "MINIGRPO_QUICK": "1", "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     ok = True
-    for python, arguments, *extra in commands:
+    for command in commands:
+        if callable(command):
+            ok = command(env) and ok
+            continue
+        python, arguments, *extra = command
         capture = name == "capstone"
         command_env = {**env, **(extra[0] if extra else {})}
         done = run(python, *arguments, cwd=folder, env=command_env, check=False, capture_output=capture, text=True)

@@ -100,14 +100,45 @@ def test_the_lessons_run_from_a_bare_content_folder_installing_the_wheel_without
     for name in ("00_tour.ipynb", "08_from_minigrpo_to_trl.ipynb"):
         nbformat.write(nbformat.v4.new_notebook(), tmp_path / "notebooks" / name)
     wheel = tmp_path / "wheels" / "minigrpo-9.9.9-py3-none-any.whl"
-    uninstall, (python, arguments, env) = colab_env.parts(Path("py"), Path("trl"), tmp_path, wheel)["lessons"]
-    assert uninstall == (Path("py"), ["-m", "pip", "uninstall", "-q", "-y", "minigrpo"])  # not installed beforehand
-    assert arguments == ["-m", "pytest", "-p", "no:cacheprovider", "-p", "one_pip_at_a_time", "content/00_tour.ipynb"]
-    assert [path.name for path in (tmp_path / "content").iterdir()] == ["00_tour.ipynb"]  # lesson 08: its own part
+    base = tmp_path / "cache" / "base"
+    (lessons,) = colab_env.parts(base / "bin" / "python", Path("trl"), tmp_path, wheel)["lessons"]
+    assert lessons.base == base and lessons.lessons == ["content/00_tour.ipynb"]  # lesson 08: its own part
+    assert lessons.command("content/00_tour.ipynb") == [
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "0",
+        "content/00_tour.ipynb",
+    ]
+    assert [path.name for path in (tmp_path / "content").iterdir()] == ["00_tour.ipynb"]
+    env = lessons.colab_env
     assert env["PIP_FIND_LINKS"] == str(tmp_path / "wheels") and env["PIP_NO_INDEX"] == "1"
     assert env["PYTHONPATH"] == str(tmp_path / "colab-standin") and env["IPYTHONDIR"] == str(tmp_path / "ipython")
-    assert env["MINIGRPO_SETUP_LOCK"] == str(tmp_path / "setup-cell.lock")
-    compile(colab_env.ONE_PIP_AT_A_TIME, "one_pip_at_a_time.py", "exec")
+
+
+def test_a_fresh_runtime_is_a_copy_without_minigrpo_that_leaves_the_original_whole(tmp_path, monkeypatch):
+    """fresh_runtime hard-links the environment and uninstalls the package there: the original keeps its files."""
+    base = tmp_path / "base"
+    package = base / "lib" / "minigrpo" / "__init__.py"
+    package.parent.mkdir(parents=True)
+    package.write_text("VERSION = 1\n")
+    (base / "bin").mkdir()
+    commands = []
+
+    def fake_run(*command, **kwargs):
+        commands.append([str(part) for part in command])
+        if command[0] == "cp":
+            return subprocess.run([str(part) for part in command], check=True)
+        os.unlink(Path(command[0]).parent.parent / "lib" / "minigrpo" / "__init__.py")  # what pip does: unlink
+
+    monkeypatch.setattr(colab_env, "run", fake_run)
+    python = colab_env.fresh_runtime(base, tmp_path / "runtime")
+    assert python == tmp_path / "runtime" / "bin" / "python"
+    assert commands[1] == [str(python), "-m", "pip", "uninstall", "-q", "-y", "minigrpo"]
+    assert not (tmp_path / "runtime" / "lib" / "minigrpo" / "__init__.py").exists()
+    assert package.read_text() == "VERSION = 1\n"
 
 
 def test_the_kernels_start_in_colab_with_a_stand_in_the_course_can_use(tmp_path):
