@@ -344,6 +344,10 @@ def capstone_problems(stdout: str) -> list[str]:
     problems = [f"error: {error}" for error in notebook["errors"]]
     if notebook["status"] != "ok" or notebook["points"] != notebook["max_points"] or not notebook["max_points"]:
         problems.append(f"{notebook['status']}: {notebook['points']} of {notebook['max_points']} points")
+    for check in notebook.get("checks", []):  # each case that lost points, with the grader's hint
+        for case in check["cases"]:
+            if not case["passed"]:
+                problems.append(f"{check['check']}: {case['name']}: {case['message']}")
     return problems
 
 

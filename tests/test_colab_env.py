@@ -94,6 +94,18 @@ def test_the_capstone_passes_with_full_marks_and_no_error_only():
     assert colab_env.capstone_problems(graded(0, 0)) == ["ok: 0 of 0 points"]
 
 
+def test_the_capstone_names_each_case_that_lost_points_with_its_hint():
+    notebook = json.loads(graded(26, 30))
+    notebook["notebooks"][0]["checks"] = [
+        {"check": "check_a", "cases": [{"name": "one", "passed": True, "message": ""}]},
+        {"check": "check_b", "cases": [{"name": "two", "passed": False, "message": "0.190 -> 0.215 (+0.025)"}]},
+    ]
+    assert colab_env.capstone_problems(json.dumps(notebook)) == [
+        "ok: 26 of 30 points",
+        "check_b: two: 0.190 -> 0.215 (+0.025)",
+    ]
+
+
 # --- the rehearsal's Colab (the lessons part) ---------------------------------------------------------------------
 def test_the_lessons_run_from_a_bare_content_folder_installing_the_wheel_without_the_network(tmp_path):
     (tmp_path / "notebooks").mkdir()
