@@ -65,8 +65,8 @@ FLAG_GROUPS = {
     "logging, evaluation and saving (TrainingArguments)": (
         "output_dir", "overwrite_output_dir", "logging_steps", "logging_dir", "report_to", "run_name", "project",
         "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "hub_private_repo", "eval_strategy",
-        "eval_steps", "eval_batch_size", "save_strategy", "save_steps", "save_total_limit", "resume_from_checkpoint",
-        "push_to_hub",
+        "eval_steps", "eval_batch_size", "num_generations_eval", "save_strategy", "save_steps", "save_total_limit",
+        "resume_from_checkpoint", "push_to_hub",
     ),
     "completions (TRL)": ("log_completions", "num_completions_to_print"),
 }  # fmt: skip

@@ -62,6 +62,7 @@ RESUME_FREE_FIELDS = (
     "bf16",
     "eval_steps",
     "eval_batch_size",
+    "num_generations_eval",
     "save_steps",
     "save_total_limit",
     "output_dir",
@@ -249,6 +250,10 @@ class GRPOConfig:
     fraction of the run, as in TRL: 0.25 evaluates every ceil(0.25 x max_steps) steps."""
     eval_batch_size: int = 128
     """Prompts per greedy `generate` call during evaluation."""
+    num_generations_eval: int | None = None
+    """TRL's field, opt-in here: at each evaluation also sample this many completions per held-out prompt and log
+    eval_loss, the GRPO loss on them as TRL's GRPOTrainer computes it (GRPOTrainer.evaluation_loss). None: greedy
+    evaluation only, no eval_loss (G samples per prompt cost about G greedy evaluations)."""
     logprob_chunk_size: int = 4096
     """Rows (sequence positions) of logits turned into log-probs at once; bounds fp32 memory."""
     save_strategy: Literal["no", "steps"] = "steps"
@@ -385,6 +390,12 @@ class GRPOConfig:
                 "current folder: give a folder, e.g. output_dir='runs/minigrpo'."
             )
         _check_choice("eval_strategy", self.eval_strategy, ("no", "steps"))
+        if self.num_generations_eval is not None and self.num_generations_eval < 2:
+            raise ValueError(
+                f"num_generations_eval={self.num_generations_eval}: eval_loss samples a group per held-out prompt, and "
+                "a group of one has no baseline (its advantage is 0). Set num_generations_eval >= 2, or None for "
+                "greedy evaluation without eval_loss."
+            )
         _check_choice("save_strategy", self.save_strategy, ("no", "steps"))
         check_trl_switches(self)
         if self.top_k < 0 or not 0 <= (self.min_p or 0) <= 1 or not self.repetition_penalty > 0:

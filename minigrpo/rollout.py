@@ -509,28 +509,31 @@ def prefill_shared_prompts(model, prompt_ids: torch.Tensor, prompt_mask: torch.T
 
 
 def sample_group_rollout(
-    model, tokenizer, prompts: list, config, ref_model=None, group_seeds: list[int] | None = None
+    model,
+    tokenizer,
+    prompts: list,
+    config,
+    ref_model=None,
+    group_seeds: list[int] | None = None,
+    num_generations: int | None = None,
 ) -> Rollout:
     """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
 
     group_seeds: B seeds, one per group (see GroupSeededSampling); None draws
     them from torch's global generator (see generate_completions).
+    num_generations: G, default config.num_generations (evaluation samples
+    config.num_generations_eval).
     old log-probs are computed only when num_iterations > 1 (otherwise the
     current log-probs, detached, are pi_old exactly, and a forward pass is
     saved); reference log-probs only when beta > 0.
     """
     device = next(model.parameters()).device
+    G = config.num_generations if num_generations is None else num_generations
     # Each prompt is rendered and tokenized once, then repeated G times (group-major): (B, P) -> (N, P)
     prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, device)
-    prompt_ids, prompt_mask = (x.repeat_interleave(config.num_generations, dim=0) for x in (prompt_ids, prompt_mask))
+    prompt_ids, prompt_mask = (x.repeat_interleave(G, dim=0) for x in (prompt_ids, prompt_mask))
     completion_ids = generate_completions(
-        model,
-        tokenizer,
-        prompt_ids,
-        prompt_mask,
-        config,
-        num_generations=config.num_generations,
-        group_seeds=group_seeds,
+        model, tokenizer, prompt_ids, prompt_mask, config, num_generations=G, group_seeds=group_seeds
     )
     completion_mask, is_truncated = completion_mask_from_eos(completion_ids, eos_token_ids(model, tokenizer))
     rollout = Rollout(
@@ -547,7 +550,7 @@ def sample_group_rollout(
         batch_size=config.per_device_train_batch_size,
         temperature=config.temperature,
         chunk_size=config.logprob_chunk_size,
-        num_generations=config.num_generations if config.share_prompt_prefix else 1,
+        num_generations=G if config.share_prompt_prefix else 1,
     )
     with precision_context(device, config.bf16):
         if config.optimizer_steps_per_generation > 1:  # later steps are off-policy: the ratio needs pi_old

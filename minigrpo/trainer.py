@@ -92,6 +92,14 @@ def advantage_overflow(advantages: torch.Tensor | None, config: GRPOConfig) -> s
 
 
 # --- the shared loop ----------------------------------------------------------------
+def concat_padded(tensors: list[torch.Tensor | None], T: int) -> torch.Tensor | None:
+    """(n_i, T_i) tensors -> (sum n_i, T), each right-padded with zeros to T; (n_i,) tensors are concatenated;
+    None (no reference log-probs when beta = 0) stays None."""
+    if tensors[0] is None:
+        return None
+    return torch.cat([x if x.dim() == 1 else torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in tensors])
+
+
 class Trainer(CheckpointMixin, TrlTrainerMixin):
     """The loop every RL trainer here shares. Subclasses implement `update(rollout, rewards)`.
 
@@ -110,6 +118,8 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
     """Whether the update runs under torchrun (its gradients synchronised over the processes)."""
     supports_dynamic_sampling = False
     """Whether config.dynamic_sampling (DAPO's refill) is implemented: GRPOTrainer's collect_rollout."""
+    supports_eval_loss = False
+    """Whether config.num_generations_eval (eval_loss) is implemented: GRPOTrainer.evaluation_loss."""
 
     def __init__(
         self,
@@ -227,6 +237,11 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
             distributed.check_config(config)
         if config.dynamic_sampling:
             self._check_dynamic_sampling()
+        if config.num_generations_eval is not None and not self.supports_eval_loss:
+            raise ValueError(
+                f"num_generations_eval={config.num_generations_eval}: eval_loss is the GRPO loss, which "
+                f"{type(self).__name__} does not compute. Set num_generations_eval=None (greedy evaluation)."
+            )
         if config.reward_weights is not None and len(config.reward_weights) != len(self.reward_funcs):
             raise ValueError(
                 f"reward_weights has {len(config.reward_weights)} entries for {len(self.reward_funcs)} reward "
@@ -458,13 +473,16 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
 
     def evaluate(self, eval_dataset=None) -> dict:
         """Greedy accuracy on the held-out set (eval_dataset, or the trainer's): TRL's eval_reward and
-        eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model)."""
+        eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model); with
+        config.num_generations_eval, TRL's eval_loss too (GRPOTrainer.evaluation_loss)."""
         dataset = as_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError(
                 "evaluate() needs held-out prompts: pass eval_dataset= to the trainer or to evaluate(eval_dataset)."
             )
         metrics = evaluate_model(self.model, self.tokenizer, dataset, self.reward_funcs, self.config)
+        if self.config.num_generations_eval is not None:
+            metrics["eval_loss"] = self.evaluation_loss(dataset)
         self.callback_handler.fire("on_evaluate", self, metrics=metrics)
         return metrics
 
@@ -607,6 +625,7 @@ class GRPOTrainer(Trainer):
 
     supports_distributed = True
     supports_dynamic_sampling = True
+    supports_eval_loss = True
 
     def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         """Stage 3, the advantages, then stage 4: num_iterations passes over the rollout, each pass one optimizer
@@ -633,6 +652,60 @@ class GRPOTrainer(Trainer):
         ]
         metrics.update(average_metrics(steps))
         return metrics
+
+    @torch.no_grad()
+    def evaluation_loss(self, dataset) -> float:
+        """TRL's eval_loss: the GRPO loss, without gradients, on G' = config.num_generations_eval completions
+        sampled for every held-out prompt, scored and normalised within their group as in training.
+
+        The policy that samples is the one scored, so the ratio is exactly 1 and the clipped surrogate is the
+        advantage itself: eval_loss = -(the advantages' weighted mean) + beta * KL. Under loss_type 'grpo' each
+        completion counts once and the advantages sum to 0 in every group, so eval_loss is beta times the mean KL
+        (0 when beta = 0): it says how far the policy has moved from the reference, not how well it answers
+        (eval_accuracy does). The token-weighted types ('bnpo', 'dr_grpo', 'dapo') count a long completion's
+        advantage more, so theirs is not 0.
+
+        One loss over every sample (TRL averages its evaluation batches' losses: the same for 'grpo' and 'dr_grpo',
+        within rounding for the others). Every process samples every prompt from the same seeds, so under torchrun
+        all ranks return the same number."""
+        config, G = self.config, self.config.num_generations_eval
+        prompts = list(dataset["prompt"])
+        columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
+        prompts_per_call = max(1, config.eval_batch_size // G)  # eval_batch_size rows per generate call
+        parts = []  # per chunk of prompts: (logps, ref_logps or None, loss mask, advantages)
+        for start in range(0, len(prompts), prompts_per_call):
+            chunk = range(start, min(start + prompts_per_call, len(prompts)))
+            seeds = distributed.group_seeds(config.seed, self.step, (f"eval/{i}" for i in chunk))
+            rollout = sample_group_rollout(
+                self.model, self.tokenizer, prompts[chunk.start : chunk.stop], config, self.ref_model, seeds, G
+            )
+            group_prompts = repeat_for_group(prompts[chunk.start : chunk.stop], G)
+            _, rewards = compute_rewards(
+                self.reward_funcs,
+                group_prompts,
+                as_trl_completions(group_prompts, rollout.completions),
+                rollout.completion_id_lists(),
+                {name: repeat_for_group(values[chunk.start : chunk.stop], G) for name, values in columns.items()},
+                config.reward_weights,
+                config.reward_timeout,
+            )
+            advantages = group_relative_advantages(
+                group_rewards(rewards.to(self.device), G),
+                config.scale_rewards,
+                config.baseline,
+                config.std_ddof,
+                config.advantage_epsilon,
+            ).flatten()  # (n,)
+            logps = rollout.old_per_token_logps  # pi_old, computed when num_iterations > 1: the policy itself
+            if logps is None:
+                with precision_context(self.device, config.bf16):
+                    logps, _ = completion_logps(self.model, rollout, config)  # (n, T)
+            parts.append((logps, rollout.ref_per_token_logps, self.loss_mask(rollout), advantages))
+        # Each chunk stops at its own longest completion: pad every (n, T_chunk) to one T, the mask with zeros
+        T = max(logps.shape[1] for logps, *_ in parts)
+        logps, ref_logps, mask, advantages = (concat_padded(list(column), T) for column in zip(*parts, strict=True))
+        loss, _ = grpo_loss(logps, None, ref_logps, advantages, mask, config, mask.sum())  # (N', T), N' = B' * G'
+        return loss.item()
 
     def grpo_step(
         self,

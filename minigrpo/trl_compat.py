@@ -25,7 +25,6 @@ import os
 # What minigrpo does instead, for the fields a TRL GRPO script most often sets.
 INSTEAD = {
     "per_device_eval_batch_size": "evaluation is greedy, eval_batch_size prompts per generate call",
-    "num_generations_eval": "evaluation is one greedy completion per prompt",
     "gradient_checkpointing_kwargs": "gradient_checkpointing=True always uses non-reentrant checkpointing",
     "optim": "the optimizer is AdamW (adam_beta1, adam_beta2, weight_decay)",
     "adam_epsilon": "AdamW's epsilon is torch's default, 1e-8",

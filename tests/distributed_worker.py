@@ -6,7 +6,8 @@ RUNS_JSON is a list of runs, done one after the other in the same process group:
 {"name": ..., "config": {GRPOConfig overrides}, "resume": bool, "fail_on_rank": r}. Every rank writes each run's
 final weights (full tensors) and metric history to OUT_DIR/<name>.rank<r>.pt. "fail_on_rank": the reward function raises
 on that rank at step 2. "config_by_rank": {"r": overrides for rank r only}; with "expect_error", the ValueError the
-trainer raises is written instead ({"error": message}) and the next run goes on.
+trainer raises is written instead ({"error": message}) and the next run goes on. "eval": a held-out set of 4 problems,
+evaluated at the end of the run.
 """
 
 import json
@@ -63,7 +64,8 @@ def run(out_dir: Path, spec: dict) -> None:
     reward = failing_reward(spec["fail_on_rank"]) if "fail_on_rank" in spec else correctness_reward
     dataset = make_arithmetic_dataset(n=64, split="train", seed=1)
     try:
-        trainer = GRPOTrainer(model, [reward], config, dataset, processing_class=tokenizer)
+        held_out = make_arithmetic_dataset(n=4, split="test", seed=0) if spec.get("eval") else None
+        trainer = GRPOTrainer(model, [reward], config, dataset, held_out, processing_class=tokenizer)
     except ValueError as error:  # "expect_error": the refusal is the result, and the launch goes on
         if not spec.get("expect_error"):
             raise

@@ -59,7 +59,11 @@ def plain_python(tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     runs = [{"name": loss, "config": {"loss_type": loss}} for loss in LOSS_TYPES]
-    return launch(1, tmp_path_factory.mktemp("k1"), runs)
+    return launch(1, tmp_path_factory.mktemp("k1"), runs + [EVAL_LOSS])
+
+
+# One step, then evaluation with eval_loss (num_generations_eval: a sampled group per held-out prompt)
+EVAL_LOSS = {"name": "eval", "config": {"max_steps": 1, "num_generations_eval": 4, "beta": 0.04}, "eval": True}
 
 
 # A run that reports to TensorBoard, where it is installed (the test extra has it; Colab's pinned leg may not)
@@ -77,6 +81,7 @@ def two_processes(tmp_path_factory):
         {"name": "fsdp-resume", "config": {"fsdp": True, "max_steps": 2}},
         {"name": "fsdp-resume", "config": {"fsdp": True}, "resume": True},
         *REPORT_RUN,
+        EVAL_LOSS,
         {"name": "mismatch", "config_by_rank": {"1": {"max_steps": 5, "learning_rate": 1e-4}}, "expect_error": True},
         {"name": "fail", "fail_on_rank": 1},  # last: it ends the launch
     ]
@@ -143,6 +148,16 @@ def test_only_the_main_process_reports_and_log_completions_gathers_every_process
     rows = [json.loads(line) for line in (run_dir / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 16 and {row["step"] for row in rows} == {1}  # 4 prompts x G=4: both ranks' 8, once
     assert [row["prompt"] for row in rows[::4]] != [rows[0]["prompt"]] * 4  # 4 groups, each with its own prompt
+
+
+def test_every_process_reports_the_eval_loss_of_one(one_process, two_processes):
+    def eval_loss(launched, rank=0):
+        (row,) = [row for row in result(launched, "eval", rank)["history"] if "eval_loss" in row]
+        return row["eval_loss"]
+
+    alone = eval_loss(one_process)
+    assert alone > 0  # beta * KL after a step away from the reference
+    assert eval_loss(two_processes, 0) == eval_loss(two_processes, 1) == pytest.approx(alone, rel=1e-4)
 
 
 def test_resume_under_two_processes_continues_exactly(two_processes):

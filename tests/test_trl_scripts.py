@@ -162,6 +162,21 @@ def test_evaluation_uses_trls_names_and_needs_a_dataset(name, tmp_path):
     assert {"eval_reward", "eval_rewards/docs_example_2_reward/mean"} <= metrics.keys()
 
 
+@pytest.mark.parametrize("name", LIBRARIES)
+def test_eval_loss_with_num_generations_eval_as_trl_reports_it(name, tmp_path):
+    """num_generations_eval samples a group per held-out prompt; the loss at ratio 1 under loss_type 'grpo' and
+    beta 0 is the advantages' mean, 0 in each group (at temperature 2 the lengths, so the rewards, differ)."""
+    lib = library(name)
+    model, tokenizer = load_model_and_tokenizer("tiny", device="cpu")
+    args = small_args(lib, tmp_path, max_steps=1, num_generations_eval=4, loss_type="grpo", beta=0.0,
+                      temperature=2.0, max_completion_length=16)  # fmt: skip
+    train, held_out = make_arithmetic_dataset(8, "train", seed=1), make_arithmetic_dataset(2, "test", seed=0)
+    trainer = lib.GRPOTrainer(model=model, reward_funcs=[async_length_reward], args=args, train_dataset=train,
+                              eval_dataset=held_out, processing_class=tokenizer)  # fmt: skip
+    metrics = trainer.evaluate()
+    assert metrics["eval_loss"] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_evaluate_without_a_dataset_says_what_to_pass(tmp_path):
     from minigrpo import GRPOConfig, GRPOTrainer
 
