@@ -28,7 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
 from minigrpo.dynamic_sampling import fill_batch, kept_rows, select_completions
-from minigrpo.logprobs import completion_logps, masked_mean
+from minigrpo.logprobs import batched_per_token_logps, completion_logps, masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
     add_adapters,
@@ -697,9 +697,18 @@ class GRPOTrainer(Trainer):
                 config.advantage_epsilon,
             ).flatten()  # (n,)
             logps = rollout.old_per_token_logps  # pi_old, computed when num_iterations > 1: the policy itself
-            if logps is None:
+            if logps is None:  # as sample_group_rollout scores the reference: groups of G', not of num_generations
                 with precision_context(self.device, config.bf16):
-                    logps, _ = completion_logps(self.model, rollout, config)  # (n, T)
+                    logps = batched_per_token_logps(
+                        self.model,
+                        rollout.input_ids,
+                        rollout.attention_mask,
+                        rollout.completion_ids.shape[1],
+                        batch_size=config.per_device_train_batch_size,
+                        temperature=config.temperature,
+                        chunk_size=config.logprob_chunk_size,
+                        num_generations=G if config.share_prompt_prefix else 1,
+                    )  # (n, T)
             parts.append((logps, rollout.ref_per_token_logps, self.loss_mask(rollout), advantages))
         # Each chunk stops at its own longest completion: pad every (n, T_chunk) to one T, the mask with zeros
         T = max(logps.shape[1] for logps, *_ in parts)

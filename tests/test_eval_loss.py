@@ -10,13 +10,13 @@ import torch
 
 from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.advantages import group_relative_advantages, group_rewards
-from minigrpo.logprobs import completion_logps, masked_mean
+from minigrpo.logprobs import masked_mean, per_token_logps
 from minigrpo.ppo import PPOConfig, PPOTrainer
 from minigrpo.rollout import sample_group_rollout
 from minigrpo.run import distributed
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 
-G_EVAL = 4
+G_EVAL = 2  # not num_generations (4): evaluation's groups are its own (two of them are 4 rows, not one group of 4)
 
 
 def length_reward(completions, **kwargs) -> list[float]:
@@ -28,7 +28,7 @@ def length_reward(completions, **kwargs) -> list[float]:
 
 def trainer_for(tmp_path, **fields) -> GRPOTrainer:
     values = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, prompts_per_step=2,
-                  max_steps=1, max_completion_length=16, temperature=2.0, learning_rate=1e-3, logging_steps=1,
+                  max_steps=1, max_completion_length=24, temperature=2.0, learning_rate=1e-3, logging_steps=1,
                   save_strategy="no", eval_steps=1, eval_batch_size=8, num_generations_eval=G_EVAL, seed=0,
                   bf16=False)  # fmt: skip
     return GRPOTrainer(
@@ -36,7 +36,7 @@ def trainer_for(tmp_path, **fields) -> GRPOTrainer:
         [length_reward],
         GRPOConfig(**{**values, **fields}),
         make_arithmetic_dataset(8, "train"),
-        eval_dataset=make_arithmetic_dataset(3, "test"),  # 3 prompts, 2 per generate call: a chunk of each size
+        eval_dataset=make_arithmetic_dataset(6, "test"),  # 6 prompts, 4 per generate call: chunks of 4 and 2
     )
 
 
@@ -57,8 +57,9 @@ def loss_terms(trainer) -> tuple[float, float]:
         weighted += float((advantages.double() * lengths).sum())
         tokens += float(lengths.sum())
         if config.beta:
-            with torch.no_grad():
-                logps, _ = completion_logps(trainer.model, rollout, config)
+            with torch.no_grad():  # the plain path: every row's prompt run in full
+                ids, mask, T = rollout.input_ids, rollout.attention_mask, rollout.completion_ids.shape[1]
+                logps, _ = per_token_logps(trainer.model, ids, mask, T, config.temperature)
             delta = rollout.ref_per_token_logps - logps
             kl = torch.exp(delta) - delta - 1  # k3, per token
             kls += masked_mean(kl, rollout.completion_mask, dim=1).tolist()
@@ -75,6 +76,7 @@ def test_eval_loss_is_zero_under_grpo_without_kl_as_the_advantages_sum_to_zero_i
 def test_eval_loss_under_bnpo_is_minus_the_token_weighted_mean_advantage(tmp_path):
     trainer = trainer_for(tmp_path, beta=0.0, loss_type="bnpo")
     token_weighted_advantage, _ = loss_terms(trainer)
+    assert abs(token_weighted_advantage) > 1e-3  # the lengths differ within a group
     assert trainer.evaluate()["eval_loss"] == pytest.approx(-token_weighted_advantage, rel=1e-5)
 
 
