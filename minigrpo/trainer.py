@@ -675,6 +675,7 @@ class GRPOTrainer(Trainer):
         parts = []  # per chunk of prompts: (logps, ref_logps or None, loss mask, advantages)
         for start in range(0, len(prompts), prompts_per_call):
             chunk = range(start, min(start + prompts_per_call, len(prompts)))
+            # seeds of their own ("eval/<i>", not a training group's index): the same samples on every rank
             seeds = distributed.group_seeds(config.seed, self.step, (f"eval/{i}" for i in chunk))
             rollout = sample_group_rollout(
                 self.model, self.tokenizer, prompts[chunk.start : chunk.stop], config, self.ref_model, seeds, G
@@ -696,7 +697,7 @@ class GRPOTrainer(Trainer):
                 config.std_ddof,
                 config.advantage_epsilon,
             ).flatten()  # (n,)
-            logps = rollout.old_per_token_logps  # pi_old, computed when num_iterations > 1: the policy itself
+            logps = rollout.old_per_token_logps  # pi_old (kept when a generation feeds several steps) is the policy
             if logps is None:  # as sample_group_rollout scores the reference: groups of G', not of num_generations
                 with precision_context(self.device, config.bf16):
                     logps = batched_per_token_logps(
