@@ -386,6 +386,21 @@ def test_the_run_time_look_sees_the_reference_run_by_any_route():
     assert sys.getprofile() is None  # the hook is gone after each block
 
 
+def test_a_decorated_reference_is_watched_by_its_own_code_not_its_wrappers():
+    from minigrpo.logprobs import batched_per_token_logps
+    from minigrpo.models import load_model_and_tokenizer
+    from minigrpo.trainer import GRPOTrainer
+
+    (watched,) = watch_list([GRPOTrainer])
+    assert "evaluation_loss" in [code[2] for code in watched["codes"]]  # a @torch.no_grad() method, unwrapped
+    assert "decorate_context" not in [code[2] for code in watched["codes"]]  # torch's wrapper, which every such runs
+    model, _ = load_model_and_tokenizer("tiny")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with ReferenceWatch([watched]) as watch:  # another @torch.no_grad() function of the package, which a learner calls
+        batched_per_token_logps(model, ids, torch.ones_like(ids), 2, batch_size=1)
+    assert (watch.ran, watch.intact) == (None, True)
+
+
 def test_answers_cross_as_plain_data_only():
     import numpy
 

@@ -46,6 +46,7 @@ import dis
 import functools
 import hashlib
 import importlib
+import inspect
 import sys
 import sysconfig
 import threading
@@ -307,13 +308,16 @@ def watch_list(references: Sequence) -> list[dict]:
     """What to watch for while a check grades: {"name", "module", "qualname", "codes"} of each function in `references`.
 
     A function is watched by its code: [co_filename, co_firstlineno, co_name]; a class by the functions it defines
-    (methods, static and class methods, properties). References that are data are not run, so not watched.
+    (methods, static and class methods, properties). A decorated function by its own code, not its wrapper's: every
+    function under @torch.no_grad() runs torch's one wrapper, which a learner's code runs too (the package's
+    batched_per_token_logps is one). References that are data are not run, so not watched.
     """
     watched = []
     for reference in references:
         functions = [reference] if isinstance(reference, types.FunctionType) else []
         if isinstance(reference, type):
             functions = [f for value in vars(reference).values() for f in _functions_of(value)]
+        functions = [inspect.unwrap(f) for f in functions]  # functools.wraps keeps the decorated one in __wrapped__
         codes = [_code_key(f.__code__) for f in functions]
         if codes:
             module, qualname = getattr(reference, "__module__", None), getattr(reference, "__qualname__", None)
