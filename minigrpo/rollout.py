@@ -516,6 +516,7 @@ def sample_group_rollout(
     ref_model=None,
     group_seeds: list[int] | None = None,
     num_generations: int | None = None,
+    with_old_logps: bool | None = None,
 ) -> Rollout:
     """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
 
@@ -525,7 +526,8 @@ def sample_group_rollout(
     config.num_generations_eval).
     old log-probs are computed only when num_iterations > 1 (otherwise the
     current log-probs, detached, are pi_old exactly, and a forward pass is
-    saved); reference log-probs only when beta > 0.
+    saved), or when with_old_logps=True (evaluation's loss reads them);
+    reference log-probs only when beta > 0.
     """
     device = next(model.parameters()).device
     G = config.num_generations if num_generations is None else num_generations
@@ -552,8 +554,10 @@ def sample_group_rollout(
         chunk_size=config.logprob_chunk_size,
         num_generations=G if config.share_prompt_prefix else 1,
     )
+    if with_old_logps is None:  # later steps are off-policy: the ratio needs pi_old
+        with_old_logps = config.optimizer_steps_per_generation > 1
     with precision_context(device, config.bf16):
-        if config.optimizer_steps_per_generation > 1:  # later steps are off-policy: the ratio needs pi_old
+        if with_old_logps:
             rollout.old_per_token_logps = batched_per_token_logps(model, input_ids, attention_mask, T, **options)
         if config.beta != 0.0:
             rollout.ref_per_token_logps = batched_per_token_logps(ref_model, input_ids, attention_mask, T, **options)

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
 from minigrpo.dynamic_sampling import fill_batch, kept_rows, select_completions
-from minigrpo.logprobs import batched_per_token_logps, completion_logps, masked_mean
+from minigrpo.logprobs import completion_logps, masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
     add_adapters,
@@ -92,14 +92,6 @@ def advantage_overflow(advantages: torch.Tensor | None, config: GRPOConfig) -> s
 
 
 # --- the shared loop ----------------------------------------------------------------
-def concat_padded(tensors: list[torch.Tensor | None], T: int) -> torch.Tensor | None:
-    """(n_i, T_i) tensors -> (sum n_i, T), each right-padded with zeros to T; (n_i,) tensors are concatenated;
-    None (no reference log-probs when beta = 0) stays None."""
-    if tensors[0] is None:
-        return None
-    return torch.cat([x if x.dim() == 1 else torch.nn.functional.pad(x, (0, T - x.shape[1])) for x in tensors])
-
-
 class Trainer(CheckpointMixin, TrlTrainerMixin):
     """The loop every RL trainer here shares. Subclasses implement `update(rollout, rewards)`.
 
@@ -428,19 +420,9 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
             self.model, self.tokenizer, batch["prompt"], config, self.ref_model, group_seeds=group_seeds
         )
         scored = time.perf_counter()
-        prompts = repeat_for_group(batch["prompt"], config.num_generations)
-        columns = {k: repeat_for_group(v, config.num_generations) for k, v in batch.items() if k != "prompt"}
         extras = RewardExtras(trainer_state=self.state)
-        rewards_per_func, rewards = compute_rewards(
-            self.reward_funcs,
-            prompts,
-            as_trl_completions(prompts, rollout.completions),  # chat prompts: [{"role": "assistant", ...}] each
-            rollout.completion_id_lists(),
-            columns,
-            config.reward_weights,
-            config.reward_timeout,
-            extras,
-        )
+        rewards_per_func, rewards = self.score(batch, rollout, config.num_generations, extras)
+        prompts = repeat_for_group(batch["prompt"], config.num_generations)
         self.completion_extras = extras.extra_columns
         self._sampled_rounds.append((prompts, rollout.completions, rewards_per_func))
         # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in collect_rollout
@@ -448,6 +430,24 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(extras.metric_means())  # what the reward functions logged with log_metric
         return rollout, rewards_per_func, rewards, metrics
+
+    def score(
+        self, batch: dict, rollout: Rollout, num_generations: int, extras: RewardExtras | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 2: the rollout of `batch`'s prompts, each G times (group-major), scored by every reward function
+        with the dataset's other columns -> rewards_per_func (N, F), rewards (N,), the weighted sum."""
+        prompts = repeat_for_group(batch["prompt"], num_generations)
+        columns = {k: repeat_for_group(v, num_generations) for k, v in batch.items() if k != "prompt"}
+        return compute_rewards(
+            self.reward_funcs,
+            prompts,
+            as_trl_completions(prompts, rollout.completions),  # chat prompts: [{"role": "assistant", ...}] each
+            rollout.completion_id_lists(),
+            columns,
+            self.config.reward_weights,
+            self.config.reward_timeout,
+            extras,
+        )
 
     def _keep_samples(self, rows: torch.Tensor | None = None) -> None:
         """step_samples from this generation's rounds of generate_and_score: the rows `rows` (dynamic sampling's
@@ -636,10 +636,7 @@ class GRPOTrainer(Trainer):
         config = self.config
         if rewards.numel() == 0:  # dynamic sampling kept no group: no signal to follow, no optimizer step
             return {"loss": 0.0, "grad_norm": 0.0}
-        grouped_rewards = group_rewards(rewards, config.num_generations)  # (B, G)
-        advantages = group_relative_advantages(
-            grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
-        ).flatten()  # (N,)
+        advantages = self.advantages(rewards, config.num_generations)  # (N,)
         loss_mask = self.loss_mask(rollout)  # (N, T)
         metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)
         if self.step_samples:  # beside the completions they weigh (log_completions)
@@ -652,6 +649,17 @@ class GRPOTrainer(Trainer):
         ]
         metrics.update(average_metrics(steps))
         return metrics
+
+    def advantages(self, rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
+        """Stage 3: rewards (N,), group-major in groups of G -> advantages (N,), each relative to its group."""
+        config = self.config
+        return group_relative_advantages(
+            group_rewards(rewards, num_generations),  # (B, G)
+            config.scale_rewards,
+            config.baseline,
+            config.std_ddof,
+            config.advantage_epsilon,
+        ).flatten()
 
     @torch.no_grad()
     def evaluation_loss(self, dataset) -> float:
@@ -669,52 +677,25 @@ class GRPOTrainer(Trainer):
         within rounding for the others). Every process samples every prompt from the same seeds, so under torchrun
         all ranks return the same number."""
         config, G = self.config, self.config.num_generations_eval
-        prompts = list(dataset["prompt"])
-        columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
         prompts_per_call = max(1, config.eval_batch_size // G)  # eval_batch_size rows per generate call
-        parts = []  # per chunk of prompts: (logps, ref_logps or None, loss mask, advantages)
-        for start in range(0, len(prompts), prompts_per_call):
-            chunk = range(start, min(start + prompts_per_call, len(prompts)))
+        rollouts, advantages = [], []
+        for start in range(0, len(dataset), prompts_per_call):
+            chunk = range(start, min(start + prompts_per_call, len(dataset)))
+            batch = dataset[chunk.start : chunk.stop]
             # seeds of their own ("eval/<i>", not a training group's index): the same samples on every rank
             seeds = distributed.group_seeds(config.seed, self.step, (f"eval/{i}" for i in chunk))
+            # pi_old's log-probs, kept: at evaluation they are the policy's, scored in groups of G'
             rollout = sample_group_rollout(
-                self.model, self.tokenizer, prompts[chunk.start : chunk.stop], config, self.ref_model, seeds, G
+                self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G, with_old_logps=True
             )
-            group_prompts = repeat_for_group(prompts[chunk.start : chunk.stop], G)
-            _, rewards = compute_rewards(
-                self.reward_funcs,
-                group_prompts,
-                as_trl_completions(group_prompts, rollout.completions),
-                rollout.completion_id_lists(),
-                {name: repeat_for_group(values[chunk.start : chunk.stop], G) for name, values in columns.items()},
-                config.reward_weights,
-                config.reward_timeout,
-            )
-            advantages = group_relative_advantages(
-                group_rewards(rewards.to(self.device), G),
-                config.scale_rewards,
-                config.baseline,
-                config.std_ddof,
-                config.advantage_epsilon,
-            ).flatten()  # (n,)
-            logps = rollout.old_per_token_logps  # pi_old (kept when a generation feeds several steps) is the policy
-            if logps is None:  # as sample_group_rollout scores the reference: groups of G', not of num_generations
-                with precision_context(self.device, config.bf16):
-                    logps = batched_per_token_logps(
-                        self.model,
-                        rollout.input_ids,
-                        rollout.attention_mask,
-                        rollout.completion_ids.shape[1],
-                        batch_size=config.per_device_train_batch_size,
-                        temperature=config.temperature,
-                        chunk_size=config.logprob_chunk_size,
-                        num_generations=G if config.share_prompt_prefix else 1,
-                    )  # (n, T)
-            parts.append((logps, rollout.ref_per_token_logps, self.loss_mask(rollout), advantages))
-        # Each chunk stops at its own longest completion: pad every (n, T_chunk) to one T, the mask with zeros
-        T = max(logps.shape[1] for logps, *_ in parts)
-        logps, ref_logps, mask, advantages = (concat_padded(list(column), T) for column in zip(*parts, strict=True))
-        loss, _ = grpo_loss(logps, None, ref_logps, advantages, mask, config, mask.sum())  # (N', T), N' = B' * G'
+            _, rewards = self.score(batch, rollout, G)
+            rollouts.append(rollout)
+            advantages.append(self.advantages(rewards.to(self.device), G))
+        # chunks stop at their own longest completion: right-padded to one T, the padding masked out
+        rollout = Rollout.concat(rollouts, self.tokenizer.pad_token_id or 0)  # N' = B' * G' rows
+        mask = self.loss_mask(rollout)  # (N', T)
+        logps, ref_logps = rollout.old_per_token_logps, rollout.ref_per_token_logps
+        loss, _ = grpo_loss(logps, None, ref_logps, torch.cat(advantages), mask, config, mask.sum())
         return loss.item()
 
     def grpo_step(
