@@ -636,7 +636,10 @@ class GRPOTrainer(Trainer):
         config = self.config
         if rewards.numel() == 0:  # dynamic sampling kept no group: no signal to follow, no optimizer step
             return {"loss": 0.0, "grad_norm": 0.0}
-        advantages = self.advantages(rewards, config.num_generations)  # (N,)
+        grouped_rewards = group_rewards(rewards, config.num_generations)  # (B, G)
+        advantages = group_relative_advantages(
+            grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
+        ).flatten()  # (N,)
         loss_mask = self.loss_mask(rollout)  # (N, T)
         metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)
         if self.step_samples:  # beside the completions they weigh (log_completions)
@@ -649,17 +652,6 @@ class GRPOTrainer(Trainer):
         ]
         metrics.update(average_metrics(steps))
         return metrics
-
-    def advantages(self, rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
-        """Stage 3: rewards (N,), group-major in groups of G -> advantages (N,), each relative to its group."""
-        config = self.config
-        return group_relative_advantages(
-            group_rewards(rewards, num_generations),  # (B, G)
-            config.scale_rewards,
-            config.baseline,
-            config.std_ddof,
-            config.advantage_epsilon,
-        ).flatten()
 
     @torch.no_grad()
     def evaluation_loss(self, dataset) -> float:
@@ -689,8 +681,13 @@ class GRPOTrainer(Trainer):
                 self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G, with_old_logps=True
             )
             _, rewards = self.score(batch, rollout, G)
+            grouped_rewards = group_rewards(rewards.to(self.device), G)  # (B', G')
             rollouts.append(rollout)
-            advantages.append(self.advantages(rewards.to(self.device), G))
+            advantages.append(
+                group_relative_advantages(
+                    grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
+                ).flatten()  # as update computes them, in groups of G'
+            )
         # chunks stop at their own longest completion: right-padded to one T, the padding masked out
         rollout = Rollout.concat(rollouts, self.tokenizer.pad_token_id or 0)  # N' = B' * G' rows
         mask = self.loss_mask(rollout)  # (N', T)
