@@ -12,6 +12,7 @@ from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.logprobs import masked_mean, per_token_logps
 from minigrpo.ppo import PPOConfig, PPOTrainer
+from minigrpo.rewards import completion_text
 from minigrpo.rollout import sample_group_rollout
 from minigrpo.run import distributed
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
@@ -22,8 +23,7 @@ G_EVAL = 2  # not num_generations (4): evaluation's groups are its own (two of t
 def length_reward(completions, **kwargs) -> list[float]:
     """Rewards that differ within a group: the text's length (at temperature 2 the tiny model's completions end at
     different lengths; at 1 each is '<answer>NN</answer>')."""
-    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]  # chat prompts: [{"content": ...}]
-    return [float(len(text)) for text in texts]
+    return [float(len(completion_text(completion))) for completion in completions]  # a string or a chat message
 
 
 def trainer_for(tmp_path, **fields) -> GRPOTrainer:
