@@ -19,9 +19,9 @@ no such option). The pieces, each a small pure function:
 
 - ``informative_groups``: (B, G) rewards -> (B,) bool, the filter.
 - ``fill_batch``: the refill loop above, on any function that generates a round.
-- ``select_completions`` / ``kept_rows``: the kept rows of a rollout; the
-  rounds' rollouts are joined into one batch by ``Rollout.concat`` (padded to a
-  common width).
+- ``kept_rows``: the kept groups' rows, as indices into the rounds' rollouts
+  joined by ``Rollout.concat`` (padded to a common width); ``Rollout.select``
+  takes them.
 
 The trainer composes them: ``GRPOTrainer.collect_informative_rollout`` hands
 ``fill_batch`` a function that samples and scores one round.
@@ -37,7 +37,6 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.advantages import zero_std_groups
-from minigrpo.rollout import Rollout
 
 
 def informative_groups(grouped_rewards: torch.Tensor) -> torch.Tensor:
@@ -77,14 +76,10 @@ def fill_batch(
     return kept[:num_groups_wanted], rounds
 
 
-def select_completions(rollout: Rollout, rows: torch.Tensor) -> Rollout:
-    """The rollout restricted to the completions where `rows` (N,) bool is True (n of them, in order)."""
-    assert rows.dtype == torch.bool and rows.shape == rollout.is_truncated.shape, "rows must be (N,) bool"
-    return rollout.select(rows.nonzero().squeeze(1).to(rollout.prompt_ids.device))  # (n,) indices
+def kept_rows(kept: list[tuple[int, int]], num_groups: int, num_generations: int) -> torch.Tensor:
+    """(n,) int64: the rows of the kept groups' completions in the rounds' rollouts joined, in the order kept.
 
-
-def kept_rows(kept: list[tuple[int, int]], round_index: int, num_groups: int, num_generations: int) -> torch.Tensor:
-    """(B_r * G,) bool: the completions of round `round_index` whose group is in `kept`."""
-    groups = torch.zeros(num_groups, dtype=torch.bool)  # (B_r,)
-    groups[[group for r, group in kept if r == round_index]] = True
-    return groups.repeat_interleave(num_generations)  # (B_r * G,)
+    Round r's group b holds rows (r * B + b) * G ... (r * B + b) * G + G - 1 (group-major, B groups a round), so
+    one index selects the rollout's rows, the rewards and every logged column alike."""
+    groups = torch.tensor([r * num_groups + b for r, b in kept], dtype=torch.long)  # (n_groups,)
+    return (groups.unsqueeze(1) * num_generations + torch.arange(num_generations)).flatten()  # (n_groups * G,)

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from minigrpo.advantages import group_relative_advantages, group_rewards
 from minigrpo.config import GRPOConfig
-from minigrpo.dynamic_sampling import fill_batch, kept_rows, select_completions
+from minigrpo.dynamic_sampling import fill_batch, kept_rows
 from minigrpo.logprobs import completion_logps, masked_mean
 from minigrpo.losses import grpo_loss
 from minigrpo.models import (
@@ -179,11 +179,12 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         self.num_tokens = 0  # prompt + completion tokens generated for training (TRL's num_tokens)
         self._tokens_generated = 0  # this rank's, in the current generation
         self.history: list[dict] = []
-        self.completion_extras: dict[str, list] = {}  # the last generation's log_extra columns
-        # The last generation's prompts, completions, per-function rewards (and GRPO's advantages), row for row with
-        # the rollout the update trained on: what log_completions prints and writes (run.completions_log).
+        # The last generation's prompts, completions, per-function rewards, log_extra columns (and GRPO's
+        # advantages), row for row with the rollout the update trained on: what log_completions prints and writes
+        # (run.completions_log). completion_extras is its log_extra columns.
         self.step_samples: dict = {}
-        self._sampled_rounds: list[tuple[list, list[str], torch.Tensor]] = []  # generate_and_score's, this generation
+        self.completion_extras: dict[str, list] = {}
+        self._sampled_rounds: list[dict] = []  # generate_and_score's samples, a dict per round of this generation
         self.output_dir = Path(self.config.output_dir)
         self._init_trl_api(callbacks)  # trainer.state and the callback list (run.trl_api)
         self.callback_handler.fire("on_init_end", self)
@@ -423,8 +424,14 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         extras = RewardExtras(trainer_state=self.state)
         rewards_per_func, rewards = self.score(batch, rollout, config.num_generations, extras)
         prompts = repeat_for_group(batch["prompt"], config.num_generations)
-        self.completion_extras = extras.extra_columns
-        self._sampled_rounds.append((prompts, rollout.completions, rewards_per_func))
+        self._sampled_rounds.append(
+            {
+                "prompt": prompts,
+                "completion": rollout.completions,
+                "rewards": rewards_per_func,
+                "extra": extras.extra_columns,
+            }
+        )
         # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in collect_rollout
         self._tokens_generated += int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
@@ -450,17 +457,26 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         )
 
     def _keep_samples(self, rows: torch.Tensor | None = None) -> None:
-        """step_samples from this generation's rounds of generate_and_score: the rows `rows` (dynamic sampling's
-        kept completions) or all of them."""
-        prompts = [prompt for round_prompts, _, _ in self._sampled_rounds for prompt in round_prompts]
-        completions = [text for _, texts, _ in self._sampled_rounds for text in texts]
-        rewards_per_func = torch.cat([scores for _, _, scores in self._sampled_rounds])  # (rounds * N, F)
-        if rows is not None:
-            prompts, completions = [prompts[i] for i in rows.tolist()], [completions[i] for i in rows.tolist()]
-            rewards_per_func = rewards_per_func[rows]  # (N_kept, F)
+        """step_samples from this generation's rounds of generate_and_score, row for row with the rollout the update
+        trains on: the rows `rows` (n,) of the rounds joined (dynamic sampling's kept completions), or all of them.
+        A log_extra column is kept when every round logged one value per completion."""
+        rounds = self._sampled_rounds
+        kept = rows.tolist() if rows is not None else range(sum(len(r["completion"]) for r in rounds))
+
+        def joined(per_round: list[list]) -> list:  # the rounds' values in one list, the kept rows only
+            values = [value for values in per_round for value in values]
+            return [values[i] for i in kept]
+
+        extra_names = [
+            name
+            for name in rounds[0]["extra"]
+            if all(len(r["extra"].get(name, ())) == len(r["completion"]) for r in rounds)
+        ]
+        self.completion_extras = {name: joined([r["extra"][name] for r in rounds]) for name in extra_names}
+        rewards_per_func = torch.cat([r["rewards"] for r in rounds])[list(kept)]  # (n, F)
         self.step_samples = {
-            "prompt": prompts,
-            "completion": completions,
+            "prompt": joined([r["prompt"] for r in rounds]),
+            "completion": joined([r["completion"] for r in rounds]),
             "rewards": {reward_func_name(f): rewards_per_func[:, i].tolist() for i, f in enumerate(self.reward_funcs)},
             "extra": self.completion_extras,
         }
@@ -584,7 +600,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         generated = Rollout.concat([r[0] for r in rounds], self.tokenizer.pad_token_id or 0)  # rounds * N rows
         rewards_per_func = torch.cat([r[1] for r in rounds])  # (rounds * N, F)
         rewards = torch.cat([r[2] for r in rounds])  # (rounds * N,)
-        rows = torch.cat([kept_rows(kept, i, B, G) for i in range(num_rounds)])  # (rounds * N,)
+        rows = kept_rows(kept, B, G)  # (N_kept,) indices into the rounds' rows: one selection for everything
         metrics = self.rollout_metrics(generated, rewards_per_func, rewards)
         metrics.update(average_metrics([r[3] for r in rounds]))  # what reward functions logged: over the rounds
         for key in ("time/rollout", "time/rewards"):
@@ -600,7 +616,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         if kept:
             metrics["dynamic_sampling/kept_reward"] = rewards[rows].mean().item()
         self._keep_samples(rows)
-        return select_completions(generated, rows), rewards[rows], metrics
+        return generated.select(rows), rewards[rows], metrics
 
     # --- stages 3-4: the algorithm's own update ----------------------------------------
     def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:

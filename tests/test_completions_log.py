@@ -11,6 +11,7 @@ import torch
 from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.advantages import group_relative_advantages
 from minigrpo.rewards import completion_text
+from minigrpo.rollout import render_prompts
 from minigrpo.run import checkpoints, completions_log
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 
@@ -84,3 +85,49 @@ def test_a_long_text_is_cut_and_a_nan_reward_is_written_as_null(tmp_path):
 def test_num_completions_to_print_must_print_something():
     with pytest.raises(ValueError, match="num_completions_to_print=0: print 1 or more"):
         GRPOConfig(log_completions=True, num_completions_to_print=0)
+
+
+# --- under dynamic sampling: the logged rows are the rows the update trained on ----------------------------------
+def counting_reward(completions, drop, prompt_id, log_extra, **kwargs):
+    """0 for every completion of a prompt marked `drop` (a group of equal rewards: dynamic sampling drops it); the
+    row's place in the call otherwise (never all equal). Logs each row's prompt_id as a log_extra column."""
+    log_extra("prompt_id", list(prompt_id))
+    return [0.0 if dropped else float(i) for i, dropped in enumerate(drop)]
+
+
+class RecordingTrainer(GRPOTrainer):
+    """Keeps the rollout and rewards each update trains on, to hold the completions log against them."""
+
+    def update(self, rollout, rewards):
+        self.trained.append((rollout, rewards.tolist()))
+        return super().update(rollout, rewards)
+
+
+@pytest.mark.parametrize("drop_every", [None, 2], ids=["no-group-dropped", "groups-dropped"])
+def test_under_dynamic_sampling_each_logged_row_is_the_kept_rollout_row(tmp_path, drop_every):
+    dataset = make_arithmetic_dataset(8, "train")
+    dataset = dataset.add_column("prompt_id", list(range(8)))
+    dataset = dataset.add_column("drop", [drop_every is not None and i % drop_every == 0 for i in range(8)])
+    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=2,
+                        max_steps=3, max_completion_length=8, learning_rate=1e-5, logging_steps=1,
+                        save_strategy="no", eval_strategy="no", bf16=False, seed=0, log_completions=True,
+                        dynamic_sampling=True, max_num_gen_batches=3)  # fmt: skip
+    trainer = RecordingTrainer("tiny", [counting_reward], config, dataset)
+    trainer.trained = []
+    trainer.train()
+
+    history = trainer.state.log_history
+    dropped = sum(row["dynamic_sampling/groups_generated"] - row["dynamic_sampling/groups_kept"] for row in history)
+    assert (dropped > 0) == (drop_every is not None)
+    logged = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    tokenizer = trainer.tokenizer
+    for step, (rollout, rewards) in enumerate(trainer.trained, start=1):
+        rows = [row for row in logged if row["step"] == step]
+        assert len(rows) == len(rollout.completions) == len(rewards)
+        for i, row in enumerate(rows):
+            assert row["completion"] == rollout.completions[i]
+            assert row["counting_reward"] == rewards[i]
+            prompt_tokens = rollout.prompt_ids[i][rollout.prompt_mask[i].bool()]
+            assert render_prompts(tokenizer, [row["prompt"]])[0] == tokenizer.decode(prompt_tokens)
+            assert dataset[row["prompt_id"]]["prompt"] == row["prompt"]  # the log_extra column, row for row
+            assert not dataset[row["prompt_id"]]["drop"]  # no dropped group is logged

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minigrpo import GRPOConfig, GRPOTrainer, group_relative_advantages, grpo_loss
-from minigrpo.dynamic_sampling import fill_batch, informative_groups, kept_rows, select_completions
+from minigrpo.dynamic_sampling import fill_batch, informative_groups, kept_rows
 from minigrpo.rollout import Rollout
 from minigrpo.run.schedule import PromptSampler
 
@@ -100,10 +100,11 @@ def test_fill_batch_one_round_enough_for_g_2():
     assert fill_batch(generate, num_groups_wanted=2, max_rounds=5) == ([(0, 0), (0, 2)], 1)
 
 
-def test_kept_rows_marks_the_completions_of_kept_groups():
-    rows = kept_rows([(0, 1), (1, 0), (1, 2)], round_index=1, num_groups=3, num_generations=2)
-    assert rows.tolist() == [True, True, False, False, True, True]
-    assert not kept_rows([(0, 1)], round_index=2, num_groups=2, num_generations=2).any()
+def test_kept_rows_are_the_kept_groups_rows_in_the_rounds_joined():
+    # rounds of B = 3 groups of G = 2: round 0's group 1 is rows 2-3, round 1's groups 0 and 2 are rows 6-7, 10-11
+    rows = kept_rows([(0, 1), (1, 0), (1, 2)], num_groups=3, num_generations=2)
+    assert rows.dtype == torch.long and rows.tolist() == [2, 3, 6, 7, 10, 11]
+    assert kept_rows([], num_groups=2, num_generations=2).tolist() == []  # no group kept: no row
 
 
 # --- the kept rows of a rollout, rollouts of several rounds as one --------------------
@@ -148,17 +149,14 @@ def _four_rows(N=4, P=3, T=2, with_logps=True):
     )
 
 
-def test_select_completions_keeps_the_chosen_rows_in_order():
-    rows = torch.tensor([False, True, False, True])
-    picked = select_completions(_four_rows(), rows)
+def test_select_keeps_the_chosen_rows_in_order():
+    picked = _four_rows().select(torch.tensor([1, 3]))
     assert picked.completions == ["c1", "c3"]
     assert picked.prompt_ids.tolist() == [[3, 4, 5], [9, 10, 11]]
     assert picked.completion_ids.tolist() == [[2, 3], [6, 7]]
     assert picked.old_per_token_logps.tolist() == [[2.0, 3.0], [6.0, 7.0]]
     assert picked.ref_per_token_logps is None
     assert picked.is_truncated.tolist() == [True, True]
-    with pytest.raises(AssertionError):
-        select_completions(_four_rows(), torch.tensor([0, 1, 0, 1]))
 
 
 # --- the config -----------------------------------------------------------------------
