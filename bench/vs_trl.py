@@ -107,7 +107,7 @@ QWEN25_GENERATION_CONFIG = dict(
     top_p=0.8,
     top_k=20,
 )
-QWEN_ENDOFTEXT, QWEN_IM_START, QWEN_IM_END = 151643, 151644, 151645
+QWEN_ENDOFTEXT, QWEN_IM_END = 151643, 151645
 
 
 # --- the model, the data, the two configs ---------------------------------------------------

@@ -49,7 +49,6 @@ from minigrpo.tokenization import build_tiny_tokenizer, load_tokenizer  # noqa: 
 
 TINY_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-qwen"
 QWEN_MODEL_ID = "Qwen/Qwen2.5-0.5B-Instruct"
-QWEN_1_5B_MODEL_ID = "Qwen/Qwen2.5-1.5B-Instruct"  # with LoRA on a T4: GRPOConfig.qwen1_5b_lora_t4()
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
 
 

@@ -30,8 +30,9 @@ Adam state), no GAE.
 
 You should know: a critic is only as good as what it can predict. On the
 arithmetic task the reward is whether the sum is right; before the answer is
-written, the prompt explains ~6% of the reward's variance (sampling luck is
-the rest), and after it, the critic would have to check the sum itself. Its
+written, the prompt explains a small share of the reward's variance (sampling
+luck is the rest; lesson 05 prints the share), and after it, the critic would
+have to check the sum itself. Its
 explained variance stays near 0 there (lesson 05), while on a reward it can
 read off the completion it rises (tests/test_ppo.py).
 

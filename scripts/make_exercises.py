@@ -120,11 +120,6 @@ def expected_notebooks(solutions: Path) -> dict[str, tuple[str, str]]:
     return expected
 
 
-def expected_exercises(solutions: Path) -> dict[str, str]:
-    """exercise file name -> its expected text, for every solution notebook."""
-    return {name: exercise for name, (_, exercise) in expected_notebooks(solutions).items()}
-
-
 def stale_exercises(solutions: Path, exercises: Path) -> list[str]:
     """What differs between exercises/ and what the solutions generate, and solutions whose stamp is not this
     version's (empty when up to date)."""

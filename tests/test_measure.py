@@ -1,4 +1,4 @@
-"""The benchmarks' measuring code: memory readers, a run in a fresh process, the PPO-vs-GRPO schema and table."""
+"""The benchmarks' measuring code: memory readers, a run in a fresh process, the PPO-vs-GRPO schema."""
 
 import json
 import math
@@ -11,12 +11,10 @@ import torch
 from minigrpo.measuring.intervals import band, mean_interval, t_critical_value, value_at
 from minigrpo.measuring.measure import (
     QWEN_SHAPE,
-    format_table,
     make_stop_tokens_unreachable,
     qwen_shape_config,
     run_algorithm,
     run_in_fresh_process,
-    summary,
     training_problems,
 )
 from minigrpo.measuring.study import compare_with_seeds, format_study_table, study_bands, study_headline, study_summary
@@ -41,10 +39,10 @@ def test_rss_readers_see_a_new_allocation_in_the_peak():
 
 
 def test_a_fresh_process_returns_the_functions_result_and_reports_its_failure():
-    results = {"device": "cpu", "model": "tiny", "algorithms": {"grpo": RESULT, "ppo": {**RESULT, "accuracy": 0.5}}}
-    assert run_in_fresh_process("minigrpo.measuring.measure", "summary", {"results": results}) == summary(results)
-    with pytest.raises(RuntimeError, match="minigrpo.measuring.measure.summary failed in its process"):
-        run_in_fresh_process("minigrpo.measuring.measure", "summary", {"results": {}})
+    values = {"values": [0.25, 0.5, 0.75]}
+    assert run_in_fresh_process("minigrpo.measuring.intervals", "mean_interval", values) == mean_interval(**values)
+    with pytest.raises(RuntimeError, match="minigrpo.measuring.intervals.mean_interval failed in its process"):
+        run_in_fresh_process("minigrpo.measuring.intervals", "mean_interval", {"values": []})
 
 
 def test_qwen_shape_is_qwen25_05b():
@@ -91,9 +89,6 @@ def test_run_algorithm_returns_the_benchmark_schema(tmp_path):
     assert result["peak_memory_bytes"] > 0
     assert set(result["seconds_per_step"]) == {"rollout", "scoring", "update"}
     assert result["curve"]["completions"] == [8] and len(result["curve"]["eval_accuracy"]) == 1
-    results = {"device": "cpu", "model": "tiny", "algorithms": {"grpo": result, "ppo": result}}
-    assert summary(results)["peak_memory_ratio"] == 1.0
-    assert "peak memory GRPO / PPO = 1.00" in format_table(results)
 
 
 def test_run_algorithm_names_the_choices():

@@ -25,7 +25,7 @@ from minigrpo.course.plots import (  # noqa: E402
     plot_group_advantages,
     plot_kl_estimators,
     plot_kl_gradients,
-    plot_ppo_vs_grpo,
+    plot_parameter_counts,
     plot_training_curves,
     plot_variant_comparison,
     shifted_distributions,
@@ -272,55 +272,28 @@ def test_plot_kl_gradients_show_the_expected_gradients_of_the_package():
 
 
 # --- PPO vs GRPO --------------------------------------------------------------------------
-RESULTS = {
-    "device": "cpu",
-    "model": "tiny",
-    "algorithms": {
-        "grpo": {
-            "params": {"policy": {"trainable": 250_000, "frozen": 0}, "reference": {"trainable": 0, "frozen": 250_000}},
-            "peak_memory_bytes": 100 * 2**20,
-            "seconds_per_step": {"rollout": 0.5, "scoring": 0.1, "update": 0.2},
-            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.4, 0.5], "eval_accuracy": [0.4, None, 0.6]},
-        },
-        "ppo": {
-            "params": {
-                "policy": {"trainable": 250_000, "frozen": 0},
-                "reference": {"trainable": 0, "frozen": 250_000},
-                "critic": {"trainable": 240_000, "frozen": 0},
-            },
-            "peak_memory_bytes": 150 * 2**20,
-            "seconds_per_step": {"rollout": 0.5, "scoring": 0.1, "update": 0.4},
-            "curve": {"completions": [128, 256, 384], "reward": [0.3, 0.35, 0.45], "eval_accuracy": [0.4, None, 0.5]},
-        },
+PARAMS = {
+    "grpo": {"policy": {"trainable": 250_000, "frozen": 0}, "reference": {"trainable": 0, "frozen": 250_000}},
+    "ppo": {
+        "policy": {"trainable": 250_000, "frozen": 0},
+        "reference": {"trainable": 0, "frozen": 250_000},
+        "critic": {"trainable": 240_000, "frozen": 0},
     },
 }
 
 
-def test_plot_ppo_vs_grpo_panels_show_the_results():
-    fig = plot_ppo_vs_grpo(RESULTS)
-    titles = {ax.get_title(): ax for ax in fig.axes}
-    params = titles["parameters held, per model"]
-    assert [t.get_text() for t in params.get_xticklabels()] == [
+def test_plot_parameter_counts_shows_each_model_of_each_algorithm():
+    ax = plot_parameter_counts(PARAMS).axes[0]
+    assert ax.get_title() == "parameters held, per model"
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
         "grpo\npolicy",
         "grpo\nreference",
         "ppo\npolicy",
         "ppo\nreference",
         "ppo\ncritic",
     ]
-    heights = [bar.get_height() for bar in params.patches]  # 5 trainable bars, then 5 frozen bars (millions)
+    heights = [bar.get_height() for bar in ax.patches]  # 5 trainable bars, then 5 frozen bars (millions)
     assert heights == pytest.approx([0.25, 0.0, 0.25, 0.0, 0.24, 0.0, 0.25, 0.0, 0.25, 0.0], abs=1e-12)
-    memory = titles["peak memory"]
-    assert [bar.get_height() for bar in memory.patches] == pytest.approx([100.0, 150.0])
-    time = next(ax for title, ax in titles.items() if title.startswith("time per step"))
-    tops = [bar.get_y() + bar.get_height() for bar in time.patches[-2:]]  # the update bars sit on top
-    assert tops == pytest.approx([0.8, 1.0])
-    accuracy = titles["held-out accuracy (greedy)"]
-    x, y = accuracy.lines[0].get_data()
-    assert list(x) == [128, 384] and list(y) == pytest.approx([0.4, 0.6])  # None points are skipped
-    reward = titles["training reward"]
-    assert [line.get_label() for line in reward.lines] == ["grpo", "ppo"]
-    assert list(reward.lines[1].get_ydata()) == pytest.approx([0.3, 0.35, 0.45])
-    assert "tiny" in fig._suptitle.get_text() and "cpu" in fig._suptitle.get_text()
 
 
 def test_plot_variant_comparison_draws_one_line_per_run():

@@ -11,7 +11,8 @@ A source is a paper (an arXiv id), a command that reproduces a full-mode run ("p
 ("lesson 06"), whose checked outputs must then hold the figure. Skipped: fenced, indented and inline code (code, not
 figures), the exercises (their numbers are inputs), numbers inside a name or version (Qwen2.5-0.5B, TRL 1.16,
 torch 2.13, arXiv 2402.03300, section 5.2.2, compute capability 7.5) and the lesson's own section numbers (6.3).
-Solutions keep no outputs, so they are out of scope.
+Solutions keep no outputs, so they are out of scope. The README's figures and those of docs/ carry their source too
+(the tests at the end).
 """
 
 import math
@@ -214,3 +215,64 @@ def test_every_readme_figure_has_one_source():
             assert shown_equals(figure, checked_numbers(lesson(other.group(1)))), f"{figure} is not printed by {source}"
         else:
             assert source.startswith("python "), f"cite {figure} with the command that gives it"
+
+
+# --- the docs --------------------------------------------------------------------------------------------------------
+# A figure in docs/*.md carries its source in its own paragraph: the command that measured it (`python ...`), the
+# lesson whose checked cells print it, or a paper (an arXiv id). A table belongs to the paragraph before it (its
+# caption) and the paragraph after it (what it shows). A figure that is no measurement but a setting, a version or a
+# definition is listed below with the file of the repository that holds it, and the test checks that it does.
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+SOURCE = re.compile(r"python [\w./-]+|\blesson \d\d[a-z]?\b|arXiv \d{4}\.\d{4,5}")
+DEFINED = {
+    # TRL's defaults and the paper's values, beside the config's own table of them
+    "trl.md": dict.fromkeys(["0.0", "0.04", "0.999"], "minigrpo/config.py"),
+}
+
+
+def sourced_blocks(markdown: str) -> list[str]:
+    """The paragraphs of `markdown`, each table joined with the paragraphs before and after it."""
+    text = FENCED.sub(lambda block: block.group(0).replace("\n\n", "\n"), markdown)
+    blocks = [block for block in re.split(r"\n\s*\n", text) if block.strip()]
+    grouped, after_table = [], False
+    for block in blocks:
+        table = all(line.lstrip().startswith("|") for line in block.strip().split("\n"))
+        if grouped and (table or after_table):
+            grouped[-1] += "\n\n" + block
+        else:
+            grouped.append(block)
+        after_table = table
+    return grouped
+
+
+def unsourced_figures(path: Path) -> list[tuple[str, str]]:
+    """(figure, context) of every figure of doc `path` whose paragraph names no source."""
+    found = []
+    for block in sourced_blocks(path.read_text()):
+        if SOURCE.search(block):
+            continue
+        found += figures_in(REQUIREMENT_OR_ARGUMENT.sub(" ", without_code(block)))
+    return found
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.stem)
+def test_every_docs_figure_carries_its_source(path):
+    defined = DEFINED.get(path.name, {})
+    unsourced = [
+        f"{figure!r} in ...{context}..." for figure, context in unsourced_figures(path) if figure not in defined
+    ]
+    assert not unsourced, (
+        f"docs/{path.name}: figures whose paragraph names no source: name the command that measured them "
+        "(`python ...`, with the date), the lesson that prints them or the paper, or list a setting or version in "
+        "DEFINED with the file that holds it:\n" + "\n".join(unsourced)
+    )
+    shown = {figure for figure, _ in unsourced_figures(path)}
+    for figure, source in defined.items():
+        assert figure in shown, f"docs/{path.name}: DEFINED lists {figure!r}, which needs no entry now: remove it"
+        assert figure in (ROOT / source).read_text(), f"docs/{path.name}: {figure!r} is not in {source}"
+
+
+def test_a_table_shares_the_source_of_its_caption_and_its_reading():
+    doc = "Measured (`python bench/x.py`):\n\n| a | b |\n| --- | --- |\n| 0.25 | 0.5 |\n\nso 0.50 in all.\n\nNot 0.75."
+    blocks = sourced_blocks(doc)
+    assert len(blocks) == 2 and "0.50 in all" in blocks[0] and SOURCE.search(blocks[0]) and blocks[1] == "Not 0.75."

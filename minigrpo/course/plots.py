@@ -427,52 +427,6 @@ def plot_parameter_counts(params: dict[str, dict[str, dict[str, int]]], ax=None)
     return fig
 
 
-def plot_ppo_vs_grpo(results: dict) -> Figure:
-    """The PPO-vs-GRPO comparison: parameters per model, peak memory, seconds per step (rollout /
-    scoring / update), and reward and held-out accuracy against the number of generated completions.
-
-    results: {"device", "model", "algorithms": {name: {"params", "peak_memory_bytes",
-    "seconds_per_step": {"rollout", "scoring", "update"}, "curve": {"completions", "reward",
-    "eval_accuracy"}}}} (the benchmark's schema; eval_accuracy entries may be None).
-    """
-    algorithms = results["algorithms"]
-    names = list(algorithms)
-    colors = [ALGORITHM_COLORS.get(name, NEUTRAL) for name in names]
-    fig, axes = plt.subplot_mosaic(
-        [["params", "params", "memory", "time", "time", "time"], ["reward"] * 3 + ["accuracy"] * 3],
-        figsize=(13.0, 7.0),
-    )
-    plot_parameter_counts({name: algorithms[name]["params"] for name in names}, ax=axes["params"])
-
-    memory = [algorithms[name]["peak_memory_bytes"] / 2**20 for name in names]
-    axes["memory"].bar(names, memory, color=colors)
-    axes["memory"].set_ylabel("MiB")
-    axes["memory"].set_title("peak memory", fontsize=10)
-
-    bottom = [0.0] * len(names)
-    for phase, alpha in (("rollout", 1.0), ("scoring", 0.6), ("update", 0.3)):
-        seconds = [algorithms[name]["seconds_per_step"][phase] for name in names]
-        axes["time"].bar(names, seconds, bottom=bottom, color=colors, alpha=alpha, edgecolor="black", label=phase)
-        bottom = [b + s for b, s in zip(bottom, seconds, strict=True)]
-    axes["time"].set_ylabel("seconds per step")
-    axes["time"].set_title("time per step: rollout / scoring / update (dark to light)", fontsize=10)
-    axes["time"].legend(fontsize=8)
-
-    for key, panel in (("reward", "reward"), ("eval_accuracy", "accuracy")):
-        ax = axes[panel]
-        for name, color in zip(names, colors, strict=True):
-            curve = algorithms[name]["curve"]
-            points = [(c, v) for c, v in zip(curve["completions"], curve[key], strict=True) if v is not None]
-            ax.plot([c for c, _ in points], [v for _, v in points], marker="o", markersize=3, color=color, label=name)
-        ax.set_xlabel("completions generated")
-        ax.set_title("training reward" if key == "reward" else "held-out accuracy (greedy)", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"PPO vs GRPO: model {results.get('model', '?')} on {results.get('device', '?')}")
-    fig.tight_layout()
-    return fig
-
-
 def plot_curves_with_bands(study: dict) -> Figure:
     """Several seeds per algorithm: mean (line) and 95% t-interval (band) of the held-out accuracy against
     completions generated and against training seconds, and of the critic's explained variance.

@@ -246,7 +246,7 @@ def run_algorithm(
     evaluate_on: str = "test",
     validation_size: int = 0,
 ) -> dict:
-    """Train one algorithm and measure it; meant to run alone in a fresh process (see compare_ppo_grpo).
+    """Train one algorithm and measure it; meant to run alone in a fresh process (see study.compare_with_seeds).
 
     evaluate_on="test": eval_accuracy is on `eval_size` held-out test problems; "validation": on the
     `validation_size` training problems held back from training (training_problems), for choosing
@@ -306,87 +306,3 @@ def run_algorithm(
         "train_seconds": seconds,
         "config": {k: v for k, v in asdict(config).items() if not isinstance(v, list)},
     }
-
-
-def compare_ppo_grpo(
-    model: str = "tiny",
-    max_steps: int = 60,
-    eval_steps: int = 15,
-    train_size: int = 2000,
-    eval_size: int = 200,
-    output_dir: str = "runs/ppo_vs_grpo",
-    verbose: bool = True,
-    ppo_overrides: dict | None = None,
-    **config_overrides,
-) -> dict:
-    """GRPO and PPO on the same model, task, prompts and completions per step, each in a fresh process.
-
-    A fresh Python process per algorithm, so that one's freed memory cannot
-    hide the other's peak. `config_overrides` go to both configs, `ppo_overrides` (critic_learning_rate, lam,
-    vf_coef, ...) to PPO's only. Returns {"device", "model", "algorithms": {"grpo":
-    {...}, "ppo": {...}}} with, per algorithm, parameters per model, peak
-    memory, seconds per step (rollout / scoring / update) and the reward and
-    held-out accuracy curves against generated completions.
-    """
-    results = {"device": pick_device().type, "model": model, "algorithms": {}}
-    if torch.cuda.is_available():
-        results["device_name"] = torch.cuda.get_device_name(0)
-    overrides = dict(max_steps=max_steps, eval_steps=eval_steps, **config_overrides)
-    for algorithm in ALGORITHMS:
-        arguments = dict(
-            algorithm=algorithm,
-            model=model,
-            config_overrides={**overrides, **(ppo_overrides or {})} if algorithm == "ppo" else overrides,
-            train_size=train_size,
-            eval_size=eval_size,
-            output_dir=output_dir,
-        )
-        started = time.perf_counter()
-        results["algorithms"][algorithm] = run_in_fresh_process(
-            "minigrpo.measuring.measure", "run_algorithm", arguments
-        )
-        if verbose:
-            print(f"{algorithm}: {max_steps} steps in {time.perf_counter() - started:.0f} s (fresh process)")
-    return results
-
-
-def summary(results: dict) -> dict:
-    """The headline numbers: peak memory of each, their ratio (GRPO / PPO), final held-out accuracy of each."""
-    grpo, ppo = results["algorithms"]["grpo"], results["algorithms"]["ppo"]
-    return {
-        "grpo_peak_mem": grpo["peak_memory_bytes"],
-        "ppo_peak_mem": ppo["peak_memory_bytes"],
-        "peak_memory_ratio": round(grpo["peak_memory_bytes"] / ppo["peak_memory_bytes"], 3),
-        "grpo_accuracy": grpo["accuracy"],
-        "ppo_accuracy": ppo["accuracy"],
-        "completions": grpo["curve"]["completions"][-1],
-        "device": results["device"],
-        "model": results["model"],
-    }
-
-
-def format_table(results: dict) -> str:
-    """A plain-text table of the comparison (one column per algorithm)."""
-    grpo, ppo = results["algorithms"]["grpo"], results["algorithms"]["ppo"]
-    count = lambda r, kind: sum(m[kind] for m in r["params"].values())  # noqa: E731
-    models = lambda r: " + ".join(r["params"])  # noqa: E731
-    rows = [
-        ("models in memory", models(grpo), models(ppo)),
-        ("trainable parameters", f"{count(grpo, 'trainable'):,}", f"{count(ppo, 'trainable'):,}"),
-        ("frozen parameters", f"{count(grpo, 'frozen'):,}", f"{count(ppo, 'frozen'):,}"),
-        ("peak memory (MB)", f"{grpo['peak_memory_bytes'] / 2**20:.1f}", f"{ppo['peak_memory_bytes'] / 2**20:.1f}"),
-    ]
-    for part in ("rollout", "scoring", "update"):
-        rows.append((f"s/step {part}", f"{grpo['seconds_per_step'][part]:.2f}", f"{ppo['seconds_per_step'][part]:.2f}"))
-    rows += [
-        ("completions generated", f"{grpo['curve']['completions'][-1]:,}", f"{ppo['curve']['completions'][-1]:,}"),
-        ("held-out accuracy before", f"{grpo['accuracy_before']:.3f}", f"{ppo['accuracy_before']:.3f}"),
-        ("held-out accuracy after", f"{grpo['accuracy']:.3f}", f"{ppo['accuracy']:.3f}"),
-        ("mean reward, last step", f"{grpo['curve']['reward'][-1]:.3f}", f"{ppo['curve']['reward'][-1]:.3f}"),
-    ]
-    width = max(len(r[0]) for r in rows)
-    lines = [f"{'':{width}}  {'GRPO':>14}  {'PPO':>22}"]
-    lines += [f"{name:{width}}  {g:>14}  {p:>22}" for name, g, p in rows]
-    ratio = grpo["peak_memory_bytes"] / ppo["peak_memory_bytes"]
-    lines.append(f"peak memory GRPO / PPO = {ratio:.2f} ({results['device']}, model {results['model']})")
-    return "\n".join(lines)

@@ -87,10 +87,10 @@ def tune_learning_rate(
     return {"scores": scores, "best": max(learning_rates, key=lambda lr: scores[lr])}
 
 
-# The study's two sizes (bench/ppo_vs_grpo.py and lesson 05): "full" is the measurement (about 17 minutes on two
-# CPU cores for the tiny Qwen: lesson 05, which runs it, took 1006 s), "quick" only shows the plumbing (about a
-# minute; its numbers mean nothing). Both algorithms at a constant learning rate, each tuned on the validation split:
-# the protocol lesson 05's table was measured with (the tiny preset's own schedule decays to 0 over a run's steps).
+# The study's two sizes (bench/ppo_vs_grpo.py and lesson 05): "full" is the measurement (how long it takes:
+# docs/performance.md), "quick" only shows the plumbing (its numbers mean nothing). Both algorithms at a constant
+# learning rate, each tuned on the validation split: the protocol lesson 05's table was measured with (the tiny
+# preset's own schedule decays to 0 over a run's steps).
 STUDY_SETTINGS = {
     "full": dict(seeds=[0, 1, 2, 3, 4], learning_rates=[1e-4, 3e-4, 1e-3], tuning_seeds=[100], max_steps=30,
                  eval_steps=5, prompts_per_step=16, train_size=2000, validation_size=200, eval_size=200,
