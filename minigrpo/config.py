@@ -380,7 +380,7 @@ class GRPOConfig:
     overwrite_output_dir: Annotated[bool, Option("logging", resume_free=True)] = False
     """A fresh run (not a resume) in an output_dir that holds an earlier run's checkpoints or metrics: False
     refuses with an error, True deletes them first (transformers' TrainingArguments name)."""
-    reward_weights: Annotated[list[float] | None, Option("training")] = None
+    reward_weights: Annotated[list[float] | None, Option("training", trains=True)] = None
     """One weight per reward function (None = all 1.0); the reward is the weighted sum."""
     reward_timeout: Annotated[float | None, Option("training", resume_free=True)] = None
     """Seconds each reward function may take for one step's N completions (None = no limit); see rewards.py."""
@@ -389,7 +389,7 @@ class GRPOConfig:
     model_init_kwargs: Annotated[dict | str | None, Option("model")] = None
     """Keywords for from_pretrained when the trainer loads the model by name (TRL's field), e.g. {"dtype":
     "bfloat16"}; a JSON string (from the command line) is parsed. trust_remote_code=True is refused."""
-    resume_from_checkpoint: Annotated[str | None, Option("logging")] = None
+    resume_from_checkpoint: Annotated[str | None, Option("logging", resume_free=True)] = None
     """For scripts, as in transformers: the trainer does not read it; a script passes it on with
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint), as TRL's grpo.py does."""
     trust_remote_code: Annotated[
@@ -706,6 +706,7 @@ DEEPSEEKMATH_ALGORITHM = dict(
     disable_dropout=False,
     seed=0,
     shuffle_dataset=True,
+    reward_weights=None,  # every reward function weighs 1; a task that weighs them sets its own
 )
 """The paper's algorithm, without sizes: every preset starts from it."""
 
