@@ -43,6 +43,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
 GROUPS = {
     "model": "model and reference model (TRL)",
     "data": "data preprocessing (TRL)",
