@@ -28,7 +28,7 @@ import types
 import typing
 from pathlib import Path
 
-from minigrpo.config import GRPOConfig  # no torch: --help prints before torch and transformers load
+from minigrpo.config import GROUPS, OPTIONS, GRPOConfig  # no torch: --help prints before torch and transformers load
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
 MAX_EVAL_SIZE = 10_000  # the held-out half of the problems with operands 0..99 holds fewer distinct ones
@@ -38,38 +38,10 @@ _HUB_ID_RE = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-# The train command's GRPOConfig flags, in the groups of TRL's GRPOConfig documentation ("Parameters that control
-# ..."), then transformers' TrainingArguments, which TRL's config extends. minigrpo's own fields join the group
-# where they act (tests/test_cli_help.py: every field is in exactly one group).
 FLAG_GROUPS = {
-    "model and reference model (TRL)": ("model_init_kwargs", "trust_remote_code", "disable_dropout"),
-    "data preprocessing (TRL)": (
-        "remove_unused_columns", "num_generations", "max_prompt_length", "max_completion_length", "shuffle_dataset",
-    ),
-    "generation (TRL)": (
-        "prompts_per_step", "generation_batch_size", "steps_per_generation", "temperature", "top_p", "top_k",
-        "min_p", "repetition_penalty", "use_vllm", "fast_generation", "share_prompt_prefix",
-    ),
-    "training (TRL)": (
-        "beta", "kl_estimator", "num_iterations", "epsilon", "epsilon_high", "importance_sampling_level",
-        "reward_weights", "reward_timeout", "scale_rewards", "baseline", "std_ddof", "advantage_epsilon", "loss_type",
-        "mask_truncated_completions", "use_bias_correction_kl", "dynamic_sampling", "max_num_gen_batches",
-        "logprob_chunk_size",
-    ),
-    "optimisation (TrainingArguments)": (
-        "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2",
-        "max_grad_norm", "max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
-        "seed",
-    ),
-    "memory and precision (TrainingArguments)": ("bf16", "fp16", "gradient_checkpointing", "fsdp", "use_cpu"),
-    "logging, evaluation and saving (TrainingArguments)": (
-        "output_dir", "overwrite_output_dir", "logging_steps", "logging_dir", "report_to", "run_name", "project",
-        "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id", "hub_private_repo", "eval_strategy",
-        "eval_steps", "eval_batch_size", "num_generations_eval", "save_strategy", "save_steps", "save_total_limit",
-        "resume_from_checkpoint", "push_to_hub",
-    ),
-    "completions (TRL)": ("log_completions", "num_completions_to_print"),
-}  # fmt: skip
+    title: tuple(name for name, option in OPTIONS.items() if option.group == group) for group, title in GROUPS.items()
+}
+"""The train command's GRPOConfig flags by --help section, read from each field's Option (config.GROUPS)."""
 
 
 @functools.cache

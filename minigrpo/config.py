@@ -14,6 +14,12 @@ are updated), so a change of a bare default never moves a preset's run.
 ``DIFFERING_DEFAULTS`` lists the few fields whose default is minigrpo's own,
 each with its reason (lesson 08, section 3, prints the table).
 
+Each field is declared once: its type, default and one-line meaning, and an
+``Option`` that says where it belongs (its --help section, whether it defines
+the training, whether a resume may change it, why its default is not TRL's).
+TRAINING_FIELDS, RESUME_FREE_FIELDS, DIFFERING_DEFAULTS, the command line's
+flags and the TRL switches refused at other values are all read from them.
+
 Notation (used everywhere in the package): B prompts per step, G =
 num_generations completions per prompt, N = B * G completions, T completion
 tokens, P prompt tokens, V vocabulary size.
@@ -26,8 +32,8 @@ import json
 import math
 import types
 import typing
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 from minigrpo.trl_compat import BATCH_FIELDS, check_trl_switches, refuse_unknown_fields, resolve_batch_sizes, world_size
 
@@ -37,43 +43,44 @@ SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-# Fields a resumed run may change: how long it runs, what it logs and saves, how much memory a step takes (the
-# same numbers up to float rounding). Every other field defines the training, and a resume that changes one
-# stops with an error unless allow_config_change=True (checkpoints.changed_run_fields).
-RESUME_FREE_FIELDS = (
-    "max_steps",
-    "num_train_epochs",
-    "logging_steps",
-    "logging_dir",
-    "report_to",
-    "run_name",
-    "use_cpu",
-    "log_completions",
-    "num_completions_to_print",
-    "project",
-    "trackio_space_id",
-    "trackio_bucket_id",
-    "trackio_static_space_id",
-    "hub_private_repo",
-    "eval_strategy",
-    "save_strategy",
-    "gradient_accumulation_steps",  # with steps_per_generation: how a generation is split, not its size (B)
-    "steps_per_generation",
-    "bf16",
-    "eval_steps",
-    "eval_batch_size",
-    "num_generations_eval",
-    "save_steps",
-    "save_total_limit",
-    "output_dir",
-    "overwrite_output_dir",
-    "per_device_train_batch_size",
-    "logprob_chunk_size",
-    "gradient_checkpointing",
-    "share_prompt_prefix",
-    "fast_generation",
-    "reward_timeout",
-)
+
+GROUPS = {
+    "model": "model and reference model (TRL)",
+    "data": "data preprocessing (TRL)",
+    "generation": "generation (TRL)",
+    "training": "training (TRL)",
+    "optimisation": "optimisation (TrainingArguments)",
+    "memory": "memory and precision (TrainingArguments)",
+    "logging": "logging, evaluation and saving (TrainingArguments)",
+    "completions": "completions (TRL)",
+}
+"""The sections a field's --flag is listed in by `python -m minigrpo train --help`: the groups of TRL's GRPOConfig
+documentation ("Parameters that control ..."), then transformers' TrainingArguments, which TRL's config extends.
+minigrpo's own fields join the section where they act."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """What the package needs to know about a field besides its type, default and meaning, declared beside it:
+    ``beta: Annotated[float, Option("training", trains=True)] = 0.0``. Every list of fields is read from these
+    (below the class), so a new field is one declaration. (Annotated, not dataclasses.field(metadata=...):
+    transformers' HfArgumentParser hands a field's metadata to argparse as keywords.)"""
+
+    group: str
+    """Its section of the command line's --help (GROUPS); every field is a flag of `python -m minigrpo train`."""
+    trains: bool = False
+    """It decides which samples are drawn or how the weights are updated: every preset sets it (TRAINING_FIELDS)."""
+    resume_free: bool = False
+    """A resumed run may change it (RESUME_FREE_FIELDS): run length, logging, memory knobs that give the same numbers
+    up to float rounding. A resume that changes any other field stops unless allow_config_change=True."""
+    differs: str | None = None
+    """Why its default is minigrpo's own, not TRL's (DIFFERING_DEFAULTS)."""
+    refused: str | None = None
+    """A TRL switch minigrpo implements only at False: the error for True (trl_compat.check_trl_switches)."""
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ValueError(f"Option group {self.group!r} is not one of {', '.join(map(repr, GROUPS))}.")
 
 
 @refuse_unknown_fields
@@ -83,207 +90,326 @@ class GRPOConfig:
     differ and why). The paper's algorithm: GRPOConfig.deepseekmath(); the course's runs: tiny_cpu(), qwen_t4()."""
 
     # --- the group -------------------------------------------------------------
-    num_generations: int = 8
+    num_generations: Annotated[int, Option("data", trains=True)] = 8
     """G, completions sampled per prompt (TRL's 8). At least 2 (a group of one has no baseline). Typical 4-16;
     DeepSeekMath sampled 64, and 8 keeps a step affordable on a CPU or a T4."""
-    per_device_train_batch_size: int = 8
+    per_device_train_batch_size: Annotated[int, Option("optimisation", trains=True, resume_free=True)] = 8
     """Completions per micro-batch (per process) in the update, as in TRL. Smaller saves memory, same gradient.
     Without prompts_per_step it also sizes the generation (TRL's rule: 8 completions = one prompt x G=8)."""
-    gradient_accumulation_steps: int | None = None
+    # free on resume, as steps_per_generation: they say how a generation is split, not its size (B)
+    gradient_accumulation_steps: Annotated[int | None, Option("optimisation", resume_free=True)] = None
     """Micro-batches per optimizer step (TRL's meaning). None: one optimizer step per generation when B is
     given as prompts_per_step, else 1 (TRL's default)."""
-    generation_batch_size: int | None = None
+    generation_batch_size: Annotated[int | None, Option("generation")] = None
     """Completions sampled per generation, B * G (TRL). None: derived as in TRL (see resolve_batch_sizes)."""
-    steps_per_generation: int | None = None
+    steps_per_generation: Annotated[int | None, Option("generation", resume_free=True)] = None
     """Micro-batches each generation feeds (TRL); a multiple of gradient_accumulation_steps. None: derived."""
-    prompts_per_step: int | None = None
+    prompts_per_step: Annotated[int | None, Option("generation", trains=True)] = None
     """B, prompts per generation: minigrpo's name for generation_batch_size / num_generations, an alias that
     always equals it. Setting it sets generation_batch_size = B * G (and, unless gradient_accumulation_steps
     is given, one optimizer step per generation)."""
 
     # --- sampling ----------------------------------------------------------------
-    max_prompt_length: int | None = None
+    max_prompt_length: Annotated[int | None, Option("data", trains=True)] = None
     """Longest prompt in tokens, or None (TRL 1.16 has no such field): no limit but the model's context. The
     presets set one, so that a prompt much longer than the task's is an error instead of a slow step."""
-    max_completion_length: int = 512
+    max_completion_length: Annotated[int, Option("data", trains=True)] = 512
     """T_max, new tokens per completion. Also Dr. GRPO's constant normaliser. Typical 32-1024 (the course's
     arithmetic answers need 24-128)."""
-    temperature: float = 1.0
+    temperature: Annotated[float, Option("generation", trains=True)] = 1.0
     """Sampling temperature; log-probs are computed at the same temperature (as TRL does)."""
-    top_p: float = 1.0
+    top_p: Annotated[float, Option("generation", trains=True)] = 1.0
     """Nucleus sampling; 1.0 samples from the full distribution (what the policy gradient assumes)."""
-    fast_generation: bool = False
+    fast_generation: Annotated[bool, Option("generation", resume_free=True)] = False
     """Opt-in: a static KV cache in `generate`, which transformers then compiles (CUDA graphs on a GPU); faster
     decoding after a slow first call. Off by default; turn it on with GRPOConfig(fast_generation=True) on a GPU.
     `python bench/gpu_check.py` checks on your GPU that its greedy tokens equal the plain path's."""
-    share_prompt_prefix: bool = True
+    share_prompt_prefix: Annotated[bool, Option("generation", resume_free=True)] = True
     """Run each prompt once per group instead of G times and reuse its KV cache for the G completions
     (generation prefill, reference and policy log-probs). Same numbers up to float rounding, far less work
     when prompts are long. False = the plain path. Applies to micro-batches of whole groups."""
 
     # --- advantages (stage 3) ----------------------------------------------------
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    scale_rewards: Annotated[Literal["group", "batch", "none"], Option("training", trains=True)] = "group"
     """Divide (r - baseline) by the std of the group, of the whole batch, or not at all (Dr. GRPO)."""
-    baseline: Literal["mean", "rloo"] = "mean"
+    baseline: Annotated[Literal["mean", "rloo"], Option("training", trains=True)] = "mean"
     """'mean' of the group (GRPO) or leave-one-out mean of the others (RLOO)."""
-    std_ddof: int = 1
+    std_ddof: Annotated[int, Option("training", trains=True)] = 1
     """1 = Bessel-corrected std (torch.std, TRL, CS336); 0 = population std (numpy.std)."""
-    advantage_epsilon: float = 1e-4
+    advantage_epsilon: Annotated[float, Option("training", trains=True)] = 1e-4
     """eps in (r - mean) / (std + eps); keeps near-constant groups from blowing up."""
 
     # --- objective (stage 4) -----------------------------------------------------
-    beta: float = 0.0
+    beta: Annotated[float, Option("training", trains=True)] = 0.0
     """KL coefficient (DeepSeekMath 0.04; TRL 0.0). 0 disables the KL term and the reference model is never loaded."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Annotated[Literal["k1", "k2", "k3"], Option("training", trains=True)] = "k3"
     """Per-token KL estimator (Schulman, 'Approximating KL'); k3 is DeepSeekMath's."""
-    epsilon: float = 0.2
+    epsilon: Annotated[float, Option("training", trains=True)] = 0.2
     """Lower clip range: the ratio is clipped below at 1 - epsilon."""
-    epsilon_high: float | None = None
+    epsilon_high: Annotated[float | None, Option("training", trains=True)] = None
     """Upper clip range (DAPO's clip-higher, e.g. 0.28); None means the same as epsilon."""
-    importance_sampling_level: Literal["token", "sequence"] = "token"
+    importance_sampling_level: Annotated[Literal["token", "sequence"], Option("training", trains=True)] = "token"
     """'token': one ratio per token (GRPO); 'sequence': one ratio per completion (GSPO)."""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    loss_type: Annotated[Literal["grpo", "bnpo", "dr_grpo", "dapo"], Option("training", trains=True)] = "dapo"
     """How per-token losses are averaged (losses.aggregate_loss): "grpo" is DeepSeekMath's per-sequence mean,
     "dapo" (TRL's default) a token mean over the whole step."""
-    mask_truncated_completions: bool = False
+    mask_truncated_completions: Annotated[bool, Option("training", trains=True)] = False
     """Drop completions that hit max_completion_length without EOS from the loss (DAPO)."""
-    num_iterations: int = 1
+    num_iterations: Annotated[int, Option("training", trains=True)] = 1
     """mu, optimisation passes over each rollout batch. 1 = strictly on-policy (ratio == 1)."""
 
     # --- dynamic sampling (DAPO) ---------------------------------------------------
-    dynamic_sampling: bool = False
+    dynamic_sampling: Annotated[bool, Option("training", trains=True)] = False
     """DAPO's dynamic sampling (Yu et al., 2025, arXiv 2503.14476, section 3.2): sample rounds of B prompts until B
     groups whose rewards are not all equal are kept, and train on those (minigrpo.dynamic_sampling). verl's
     algorithm.filter_groups.enable; TRL 1.16 has no such option. GRPOTrainer only, in one process."""
-    max_num_gen_batches: int = 10
+    max_num_gen_batches: Annotated[int, Option("training", trains=True)] = 10
     """With dynamic_sampling: at most this many rounds of B prompts per step (verl's name; DAPO's recipe uses 10).
     When they run out, the step trains on the groups kept so far (fewer than B; none: no update) and logs
     dynamic_sampling/groups_kept. At least 1 (verl's 0, no limit, would loop forever on a task nobody solves)."""
 
     # --- optimisation ------------------------------------------------------------
-    learning_rate: float = 1e-6
+    learning_rate: Annotated[float, Option("optimisation", trains=True)] = 1e-6
     """AdamW step size. ~1e-6 for a 0.5B model; the tiny preset uses 3e-4."""
-    weight_decay: float = 0.0
+    weight_decay: Annotated[float, Option("optimisation", trains=True)] = 0.0
     """AdamW weight decay."""
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
+    adam_beta1: Annotated[float, Option("optimisation", trains=True)] = 0.9
+    adam_beta2: Annotated[float, Option("optimisation", trains=True)] = 0.999
     """AdamW betas (TRL's 0.9 / 0.999; DeepSeekMath's pre-training used 0.9 / 0.95, its RL section states none)."""
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, Option("optimisation", trains=True)] = 0
     """Linear warm-up steps of the learning rate: factor step / warmup_steps at optimizer step 0, 1, ... (as
     transformers' get_linear_schedule_with_warmup)."""
-    lr_scheduler_type: Literal["constant", "linear"] = "linear"
+    lr_scheduler_type: Annotated[Literal["constant", "linear"], Option("optimisation", trains=True)] = "linear"
     """After warm-up: 'linear' decay to 0 at max_steps (TRL's default) or 'constant' (DeepSeekMath)."""
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Annotated[
+        bool,
+        Option(
+            "memory",
+            resume_free=True,
+            differs="False, not TRL's True: the same numbers for a third more compute; the course's tiny model does "
+            "not need it, and it cannot run with share_prompt_prefix (on by default: the same numbers, less "
+            "work)",
+        ),
+    ] = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them (TRL's name):
     about 1/3 more compute for a fraction of the activation memory. For real models on small GPUs (qwen_t4).
     The update then runs each completion with its prompt (needs share_prompt_prefix=False: a KV cache
     cannot cross a checkpointed layer); generation and reference log-probs are unaffected."""
-    fsdp: bool = False
+    fsdp: Annotated[
+        bool,
+        Option(
+            "memory",
+            differs="a switch (shard the policy with FSDP2 under torchrun), where TRL's is transformers' list of FSDP "
+            "options",
+        ),
+    ] = False
     """Under torchrun: shard the policy over the processes with FSDP2 (torch.distributed.fsdp.fully_shard) instead
     of a whole copy per process in DDP. For a policy whose weights, gradients and AdamW moments do not fit one
     GPU; slower (every forward gathers the weights). Ignored in one process."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Option("optimisation", trains=True)] = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
-    max_steps: int = -1
+    max_steps: Annotated[int, Option("optimisation", trains=True, resume_free=True)] = -1
     """Optimizer steps to train (TRL's meaning). -1: num_train_epochs passes over the prompts (TRL's formula)."""
-    num_train_epochs: float = 3.0
+    num_train_epochs: Annotated[float, Option("optimisation", trains=True, resume_free=True)] = 3.0
     """Passes over the training prompts when max_steps == -1 (TRL's default 3.0)."""
-    seed: int = 0
+    seed: Annotated[
+        int,
+        Option(
+            "optimisation",
+            trains=True,
+            differs="0, not TRL's 42: the course's figures were measured with seed 0 (presets set it; a seed is a "
+            "seed)",
+        ),
+    ] = 0
     """Seeds data order, sampling and initialisation (TRL's default is 42)."""
-    shuffle_dataset: bool = True
+    shuffle_dataset: Annotated[bool, Option("data", trains=True)] = True
     """Visit the prompts in a fresh seeded order each epoch (TRL's name); False: in dataset order."""
-    bf16: bool | None = None
+    bf16: Annotated[
+        bool | None,
+        Option(
+            "memory",
+            trains=True,
+            resume_free=True,
+            differs="None = bf16 autocast exactly where the GPU has native bf16, fp32 elsewhere; TRL's default turns "
+            "it on wherever torch reports bf16, emulated on a T4 too, and refuses to start on a CPU",
+        ),
+    ] = None
     """bf16 autocast (TRL's name). None: exactly where the GPU has native bf16 (compute capability >= 8.0).
     True on a T4, V100 or CPU: a warning, and fp32 (emulated bf16 is slower than fp32 there). False: fp32."""
-    fp16: bool = False
+    fp16: Annotated[
+        bool,
+        Option(
+            "memory",
+            refused="fp16 activations of Qwen2 overflow. minigrpo uses bf16 autocast where the GPU has native bf16 "
+            "and fp32 elsewhere (T4, V100, CPU): drop fp16.",
+        ),
+    ] = False
     """Refused when True: fp16 activations of Qwen2 overflow; minigrpo trains in fp32 where bf16 is missing."""
-    use_bias_correction_kl: bool = True
+    use_bias_correction_kl: Annotated[bool, Option("training", trains=True)] = True
     """Multiply the per-token KL by the importance ratio (TRL 1.16's default): with samples from pi_old the k3
     term then has the reverse-KL gradient. False: the DeepSeekMath loss, whose k3 gradient is the forward KL's."""
-    use_vllm: bool = False
+    use_vllm: Annotated[
+        bool,
+        Option(
+            "generation",
+            refused="minigrpo generates with model.generate. For vLLM generation use TRL's GRPOTrainer (the same "
+            "reward functions and dataset work there; lesson 08).",
+        ),
+    ] = False
     """Refused when True: minigrpo generates with `model.generate`; vLLM generation is TRL's (lesson 08)."""
-    remove_unused_columns: bool = False
+    remove_unused_columns: Annotated[
+        bool,
+        Option(
+            "data",
+            refused="GRPO's reward functions receive the dataset's other columns (e.g. `answer`), so minigrpo keeps "
+            "them, as TRL's GRPO does by default. Set it to False.",
+        ),
+    ] = False
     """False, as in TRL's GRPO: every dataset column reaches the reward functions. True is refused."""
-    disable_dropout: bool = False
+    disable_dropout: Annotated[bool, Option("model", trains=True)] = False
     """Set every dropout probability of the policy to 0 (TRL's name). Qwen2 has none by default."""
-    top_k: int = 0
+    top_k: Annotated[int, Option("generation", trains=True)] = 0
     """Sample only among the k most likely tokens (0: off, TRL's default). Off is what the policy gradient assumes."""
-    min_p: float | None = None
+    min_p: Annotated[float | None, Option("generation", trains=True)] = None
     """Min-p sampling threshold (None: off). Off is what the policy gradient assumes."""
-    repetition_penalty: float = 1.0
+    repetition_penalty: Annotated[float, Option("generation", trains=True)] = 1.0
     """Generation's repetition penalty (1.0: off)."""
 
     # --- evaluation, logging, checkpoints ---------------------------------------
-    logging_steps: int = 1
+    logging_steps: Annotated[
+        int, Option("logging", resume_free=True, differs="1, not 10: a learner watches every step")
+    ] = 1
     """Log (metrics.jsonl, log_history) every this many optimizer steps, averaging the metrics in between
     (TRL's default is 10; a learner wants every step)."""
-    logging_dir: str | None = None
+    logging_dir: Annotated[str | None, Option("logging", resume_free=True)] = None
     """Folder for metrics.jsonl (None: output_dir)."""
-    report_to: None | str | list[str] = "none"  # this order of the union is what HfArgumentParser reads
+    report_to: Annotated[
+        None | str | list[str],
+        Option(
+            "logging",
+            resume_free=True,
+            differs="'none': no tracker on any transformers version (metrics.jsonl and log_history are always "
+            "written); TRL keeps transformers' default: 'none' (stored as []) from transformers 5, every "
+            "installed tracker ('all') before",
+        ),
+    ] = "none"  # this order of the union is what HfArgumentParser reads
     """Experiment trackers that get every logged row, as in transformers: "none" (or None / []), "tensorboard",
     "wandb", "trackio", a list of them, or "all" (those installed). metrics.jsonl and log_history are always
     written. Through transformers' own callbacks (run.trackers); pip install 'minigrpo[trackers]'."""
-    use_cpu: bool = False
+    use_cpu: Annotated[bool, Option("memory", resume_free=True)] = False
     """Train on the CPU even where a GPU is available (transformers' field); under torchrun the processes then
     talk over gloo. False: CUDA when there is a GPU, else the CPU."""
-    log_completions: bool = False
+    log_completions: Annotated[bool, Option("completions", resume_free=True)] = False
     """Every logging step, print a table of the last generation's prompts, completions, per-function rewards and
     advantages, and append them all to <output_dir>/completions.jsonl (TRL's field; run.completions_log)."""
-    num_completions_to_print: int | None = None
+    num_completions_to_print: Annotated[int | None, Option("completions", resume_free=True)] = None
     """How many completions log_completions prints (None: all, as in TRL); the file gets every one."""
-    run_name: str | None = None
+    run_name: Annotated[str | None, Option("logging", resume_free=True)] = None
     """The run's name in the tracker (wandb, trackio), as in transformers (None: the tracker picks one)."""
-    project: str = "huggingface"
+    project: Annotated[str, Option("logging", resume_free=True)] = "huggingface"
     """The trackio project the run is logged under (transformers' field; wandb reads WANDB_PROJECT instead)."""
-    trackio_space_id: str | None = None
+    trackio_space_id: Annotated[str | None, Option("logging", resume_free=True)] = None
     """A Hugging Face Space to host the trackio dashboard (None: local only, `trackio show`)."""
-    trackio_bucket_id: str | None = None
+    trackio_bucket_id: Annotated[str | None, Option("logging", resume_free=True)] = None
     """transformers' trackio field: a Hub bucket for the logs (None: none)."""
-    trackio_static_space_id: str | None = None
+    trackio_static_space_id: Annotated[str | None, Option("logging", resume_free=True)] = None
     """transformers' trackio field: the static Space frozen after training (only with trackio_space_id)."""
-    hub_private_repo: bool | None = None
+    hub_private_repo: Annotated[bool | None, Option("logging", resume_free=True)] = None
     """transformers' field: whether a Space that trackio creates is private."""
-    eval_strategy: Literal["no", "steps"] = "steps"
+    eval_strategy: Annotated[
+        Literal["no", "steps"],
+        Option(
+            "logging",
+            resume_free=True,
+            differs="'steps', not 'no': the course evaluates held-out accuracy during training",
+        ),
+    ] = "steps"
     """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
-    eval_steps: float | None = 50
+    eval_steps: Annotated[
+        float | None,
+        Option(
+            "logging",
+            resume_free=True,
+            differs="50, not None (= logging_steps): evaluating every step would cost more than training",
+        ),
+    ] = 50
     """Evaluate every this many optimizer steps (0 = only at the end; None = logging_steps, as in TRL). Below 1, a
     fraction of the run, as in TRL: 0.25 evaluates every ceil(0.25 x max_steps) steps."""
-    eval_batch_size: int = 128
+    eval_batch_size: Annotated[
+        int,
+        Option(
+            "logging",
+            resume_free=True,
+            differs="prompts per greedy generate call in minigrpo's held-out evaluation (128); TRL's name is a "
+            "read-only count of evaluation samples per device batch (8)",
+        ),
+    ] = 128
     """Prompts per greedy `generate` call during evaluation."""
-    num_generations_eval: int | None = None
+    num_generations_eval: Annotated[int | None, Option("logging", resume_free=True)] = None
     """TRL's field, opt-in here: at each evaluation also sample this many completions per held-out prompt and log
     eval_loss, the GRPO loss on them as TRL's GRPOTrainer computes it (GRPOTrainer.evaluation_loss). None: greedy
     evaluation only, no eval_loss (G samples per prompt cost about G greedy evaluations)."""
-    logprob_chunk_size: int = 4096
+    logprob_chunk_size: Annotated[int, Option("training", resume_free=True)] = 4096
     """Rows (sequence positions) of logits turned into log-probs at once; bounds fp32 memory."""
-    save_strategy: Literal["no", "steps"] = "steps"
+    save_strategy: Annotated[Literal["no", "steps"], Option("logging", resume_free=True)] = "steps"
     """'steps': a checkpoint every save_steps and at the end; 'no': none (TRL's names)."""
-    save_steps: float = 50
+    save_steps: Annotated[
+        float,
+        Option(
+            "logging",
+            resume_free=True,
+            differs="50, not 500: the course's runs are a few hundred steps, and a Colab runtime can disconnect at "
+            "any time",
+        ),
+    ] = 50
     """Write a checkpoint every this many optimizer steps (0 = only at the end; below 1, a fraction of the run, as
     in TRL). Checkpoints are written between generations: one due inside a generation's optimizer steps is
     written at its end."""
-    save_total_limit: int = 2
+    save_total_limit: Annotated[
+        int, Option("logging", resume_free=True, differs="2, not None (keep all): a notebook's disk is small")
+    ] = 2
     """Keep at most this many step checkpoints (the oldest are deleted); at least 1."""
-    output_dir: str = "runs/minigrpo"
+    output_dir: Annotated[
+        str,
+        Option(
+            "logging",
+            resume_free=True,
+            differs="'runs/minigrpo': TRL 1.16's default (None) names a folder after the model",
+        ),
+    ] = "runs/minigrpo"
     """Where metrics.jsonl, checkpoints and the final model go."""
-    overwrite_output_dir: bool = False
+    overwrite_output_dir: Annotated[bool, Option("logging", resume_free=True)] = False
     """A fresh run (not a resume) in an output_dir that holds an earlier run's checkpoints or metrics: False
     refuses with an error, True deletes them first (transformers' TrainingArguments name)."""
-    reward_weights: list[float] | None = field(default=None)
+    reward_weights: Annotated[list[float] | None, Option("training", trains=True)] = None
     """One weight per reward function (None = all 1.0); the reward is the weighted sum."""
-    reward_timeout: float | None = None
+    reward_timeout: Annotated[float | None, Option("training", resume_free=True)] = None
     """Seconds each reward function may take for one step's N completions (None = no limit); see rewards.py."""
 
     # --- TRL's script fields ------------------------------------------------------
-    model_init_kwargs: dict | str | None = None
+    model_init_kwargs: Annotated[dict | str | None, Option("model")] = None
     """Keywords for from_pretrained when the trainer loads the model by name (TRL's field), e.g. {"dtype":
     "bfloat16"}; a JSON string (from the command line) is parsed. trust_remote_code=True is refused."""
-    resume_from_checkpoint: str | None = None
+    resume_from_checkpoint: Annotated[str | None, Option("logging", resume_free=True)] = None
     """For scripts, as in transformers: the trainer does not read it; a script passes it on with
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint), as TRL's grpo.py does."""
-    trust_remote_code: bool = False
+    trust_remote_code: Annotated[
+        bool,
+        Option(
+            "model",
+            refused="minigrpo never runs code shipped in a model folder. Use a model whose architecture transformers "
+            "implements (Qwen2 and its kin), and set trust_remote_code=False.",
+        ),
+    ] = False
     """Refused when True: minigrpo never runs code shipped in a model folder (TRL's field)."""
-    push_to_hub: bool = False
+    push_to_hub: Annotated[
+        bool,
+        Option(
+            "logging",
+            refused="minigrpo does not upload. Save with trainer.save_model(path), then push that folder with "
+            "huggingface_hub (HfApi().upload_folder).",
+        ),
+    ] = False
     """Refused when True: save with trainer.save_model(path) and upload that folder with huggingface_hub."""
 
     def __post_init__(self) -> None:
@@ -397,7 +523,7 @@ class GRPOConfig:
                 "greedy evaluation without eval_loss."
             )
         _check_choice("save_strategy", self.save_strategy, ("no", "steps"))
-        check_trl_switches(self)
+        check_trl_switches(self, REFUSED_SWITCHES)
         if self.top_k < 0 or not 0 <= (self.min_p or 0) <= 1 or not self.repetition_penalty > 0:
             raise ValueError(
                 f"top_k={self.top_k}, min_p={self.min_p}, repetition_penalty={self.repetition_penalty}: use top_k >= 0 "
@@ -505,81 +631,43 @@ class GRPOConfig:
         return cls.from_preset(QWEN1_5B_LORA_T4, **overrides)
 
 
-# --- what a preset must set, and where minigrpo's defaults are its own ------------------
-TRAINING_FIELDS = (
-    # the batch (prompts_per_step derives TRL's generation_batch_size, steps_per_generation and
-    # gradient_accumulation_steps: one optimizer step per generation) and the group
-    "prompts_per_step",
-    "num_generations",
-    "per_device_train_batch_size",
-    # sampling
-    "max_prompt_length",
-    "max_completion_length",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    # advantages
-    "scale_rewards",
-    "baseline",
-    "std_ddof",
-    "advantage_epsilon",
-    # the objective
-    "beta",
-    "kl_estimator",
-    "use_bias_correction_kl",
-    "epsilon",
-    "epsilon_high",
-    "importance_sampling_level",
-    "loss_type",
-    "mask_truncated_completions",
-    "num_iterations",
-    "dynamic_sampling",
-    "max_num_gen_batches",
-    # the optimizer and its schedule
-    "learning_rate",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "warmup_steps",
-    "lr_scheduler_type",
-    "max_grad_norm",
-    "max_steps",
-    "num_train_epochs",
-    "bf16",
-    "disable_dropout",
-    # the data order and every random draw
-    "seed",
-    "shuffle_dataset",
-)
-"""Every field that changes which samples are drawn or how the weights are updated. Each preset sets all of them
-(tests/test_config.py checks it). The rest (logging, evaluation, checkpoints, memory knobs that give the same
-numbers up to rounding, output folders) is operational."""
+# --- the lists of fields, read from each field's Option ----------------------------------
+def field_options(config_class: type) -> dict[str, Option]:
+    """{field: its Option}, in the order of declaration: what the lists below are read from."""
+    hints = typing.get_type_hints(config_class, include_extras=True)
+    options = {}
+    for f in dataclasses.fields(config_class):
+        option = next(
+            (extra for extra in getattr(hints[f.name], "__metadata__", ()) if isinstance(extra, Option)), None
+        )
+        if option is None:
+            raise TypeError(
+                f"{config_class.__name__}.{f.name} has no Option: declare it as "
+                f'{f.name}: Annotated[<type>, Option("<group>", ...)] = <default> (config.Option says what to give).'
+            )
+        options[f.name] = option
+    return options
 
-DIFFERING_DEFAULTS = {
-    "seed": "0, not TRL's 42: the course's figures were measured with seed 0 (presets set it; a seed is a seed)",
-    "bf16": "None = bf16 autocast exactly where the GPU has native bf16, fp32 elsewhere; TRL's default turns it on "
-    "wherever torch reports bf16, emulated on a T4 too, and refuses to start on a CPU",
-    "gradient_checkpointing": "False, not TRL's True: the same numbers for a third more compute; the course's tiny "
-    "model does not need it, and it cannot run with share_prompt_prefix (on by default: the same numbers, less work)",
-    "fsdp": "a switch (shard the policy with FSDP2 under torchrun), where TRL's is transformers' list of FSDP options",
-    "logging_steps": "1, not 10: a learner watches every step",
-    "eval_strategy": "'steps', not 'no': the course evaluates held-out accuracy during training",
-    "eval_steps": "50, not None (= logging_steps): evaluating every step would cost more than training",
-    "save_steps": "50, not 500: the course's runs are a few hundred steps, and a Colab runtime can disconnect "
-    "at any time",
-    "save_total_limit": "2, not None (keep all): a notebook's disk is small",
-    "report_to": "'none': no tracker on any transformers version (metrics.jsonl and log_history are always written); "
-    "TRL keeps transformers' default: 'none' (stored as []) from transformers 5, every installed tracker ('all') "
-    "before",
-    "eval_batch_size": "prompts per greedy generate call in minigrpo's held-out evaluation (128); TRL's name is a "
-    "read-only count of evaluation samples per device batch (8)",
-    "output_dir": "'runs/minigrpo': TRL 1.16's default (None) names a folder after the model",
-}
-"""Fields whose default is minigrpo's own, not TRL's, with the reason: none changes what a run computes except seed
-(which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32). Lesson 08 (section 3) prints this
-table."""
+
+OPTIONS = field_options(GRPOConfig)
+
+TRAINING_FIELDS = tuple(name for name, option in OPTIONS.items() if option.trains)
+"""Every field that changes which samples are drawn or how the weights are updated (Option.trains). Each preset sets
+all of them (tests/test_config.py checks it). The rest (logging, evaluation, checkpoints, memory knobs that give the
+same numbers up to rounding, output folders) is operational."""
+
+RESUME_FREE_FIELDS = tuple(name for name, option in OPTIONS.items() if option.resume_free)
+"""Fields a resumed run may change (Option.resume_free): how long it runs, what it logs and saves, how much memory a
+step takes (the same numbers up to float rounding). Every other field defines the run, and a resume that changes one
+stops with an error unless allow_config_change=True (checkpoints.changed_run_fields)."""
+
+DIFFERING_DEFAULTS = {name: option.differs for name, option in OPTIONS.items() if option.differs}
+"""Fields whose default is minigrpo's own, not TRL's, with the reason (Option.differs): none changes what a run
+computes except seed (which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32). Lesson 08
+(section 3) prints this table."""
+
+REFUSED_SWITCHES = {name: option.refused for name, option in OPTIONS.items() if option.refused}
+"""TRL's switches minigrpo accepts only at False, with the error for True (Option.refused)."""
 
 # DeepSeekMath's GRPO, each value with its source (Shao et al., 2024, arXiv 2402.03300: section 4.1.1 "Group Relative
 # Policy Optimization" (eq. 3, 4), section 4.2 "Training and Evaluating DeepSeekMath-RL", section 5.2.2).
@@ -619,6 +707,7 @@ DEEPSEEKMATH_ALGORITHM = dict(
     disable_dropout=False,
     seed=0,
     shuffle_dataset=True,
+    reward_weights=None,  # every reward function weighs 1; a task that weighs them sets its own
 )
 """The paper's algorithm, without sizes: every preset starts from it."""
 

@@ -8,7 +8,8 @@ them). Three kinds of TRL field need a rule, and each rule lives here:
   steps_per_generation, gradient_accumulation_steps and prompts_per_step are
   derived from whichever of them a config gives, as TRL derives them;
 - switches minigrpo accepts only at the value it implements (use_vllm, fp16,
-  remove_unused_columns, trust_remote_code, push_to_hub: ``check_trl_switches``),
+  remove_unused_columns, trust_remote_code, push_to_hub: ``check_trl_switches``;
+  each field's ``Option(refused=...)`` in config.py holds its message),
   kept as fields so that ``HfArgumentParser`` and ``TrlParser`` read a TRL
   recipe that passes them, and the trackers report_to may name
   (``requested_trackers``);
@@ -167,33 +168,12 @@ def refuse_unknown_fields(cls):
     return cls
 
 
-def check_trl_switches(config) -> None:
-    """TRL fields minigrpo accepts only at the value it implements: one clear error for the others."""
-    if config.use_vllm:
-        raise ValueError(
-            "use_vllm=True: minigrpo generates with model.generate. For vLLM generation use TRL's GRPOTrainer "
-            "(the same reward functions and dataset work there; lesson 08)."
-        )
-    if config.fp16:
-        raise ValueError(
-            "fp16=True: fp16 activations of Qwen2 overflow. minigrpo uses bf16 autocast where the GPU has native "
-            "bf16 and fp32 elsewhere (T4, V100, CPU): drop fp16."
-        )
-    if config.remove_unused_columns:
-        raise ValueError(
-            "remove_unused_columns=True: GRPO's reward functions receive the dataset's other columns (e.g. "
-            "`answer`), so minigrpo keeps them, as TRL's GRPO does by default. Set it to False."
-        )
-    if config.trust_remote_code:
-        raise ValueError(
-            "trust_remote_code=True: minigrpo never runs code shipped in a model folder. Use a model whose "
-            "architecture transformers implements (Qwen2 and its kin), and set trust_remote_code=False."
-        )
-    if config.push_to_hub:
-        raise ValueError(
-            "push_to_hub=True: minigrpo does not upload. Save with trainer.save_model(path), then push that folder "
-            "with huggingface_hub (HfApi().upload_folder)."
-        )
+def check_trl_switches(config, refused: dict[str, str]) -> None:
+    """TRL fields minigrpo accepts only at the value it implements: one clear error for the others. refused: field ->
+    what to do instead, for the switches accepted only at False (config.REFUSED_SWITCHES, from the fields' Option)."""
+    for name, instead in refused.items():
+        if getattr(config, name):
+            raise ValueError(f"{name}={getattr(config, name)!r}: {instead}")
     requested_trackers(config.report_to)  # an unknown tracker name fails here, before a model loads
 
 

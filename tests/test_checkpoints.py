@@ -252,6 +252,19 @@ def test_changed_run_fields_lists_what_defines_the_run():
     assert unknown == ["a_field_from_elsewhere: 1 -> a field this minigrpo does not know (a newer one wrote it)"]
 
 
+def test_a_resume_compares_reward_weights_but_not_the_scripts_resume_path():
+    """TRL's grpo.py resumes with --resume_from_checkpoint PATH, which the first run did not have: not a change of
+    the run. reward_weights sets the reward's scale, and every advantage with it: a change."""
+    model = torch.nn.Linear(2, 2)
+    first = checkpoints.run_args(GRPOConfig(reward_weights=[1.0, 0.5]), model, ["correctness_reward"])
+    resumed = GRPOConfig(reward_weights=[1.0, 0.5], resume_from_checkpoint="runs/minigrpo/checkpoint-2")
+    assert changed_run_fields(first, checkpoints.run_args(resumed, model, ["correctness_reward"])) == []
+    reweighted = GRPOConfig(reward_weights=[1.0, 0.1])
+    assert changed_run_fields(first, checkpoints.run_args(reweighted, model, ["correctness_reward"])) == [
+        "reward_weights: [1.0, 0.5] -> [1.0, 0.1]"
+    ]
+
+
 def test_rng_state_round_trip_replays_the_same_draws():
     state = rng_state()
     first = (random.random(), torch.rand(3))

@@ -2,10 +2,23 @@
 
 import dataclasses
 import re
+from typing import Annotated
 
 import pytest
 
-from minigrpo.config import DEEPSEEKMATH_ALGORITHM, DIFFERING_DEFAULTS, PRESETS, TRAINING_FIELDS, GRPOConfig
+from minigrpo.config import (
+    DEEPSEEKMATH_ALGORITHM,
+    DIFFERING_DEFAULTS,
+    GROUPS,
+    OPTIONS,
+    PRESETS,
+    REFUSED_SWITCHES,
+    RESUME_FREE_FIELDS,
+    TRAINING_FIELDS,
+    GRPOConfig,
+    Option,
+    field_options,
+)
 from minigrpo.trl_compat import requested_trackers
 
 
@@ -243,3 +256,52 @@ def test_eval_and_save_steps_below_one_are_a_fraction_of_the_run_as_in_trl():
     assert due == [50, 100, 150, 200]
     with pytest.raises(ValueError, match="a whole number of steps, a fraction of the run below 1"):
         GRPOConfig(save_steps=2.5)
+
+
+# --- each field declared once: every list of fields is read from the fields' Options -----------------------------
+def test_every_field_declares_an_option_in_a_known_section():
+    fields = [f.name for f in dataclasses.fields(GRPOConfig)]
+    assert list(OPTIONS) == fields
+    assert {option.group for option in OPTIONS.values()} == set(GROUPS)  # no section left empty
+    with pytest.raises(ValueError, match="Option group 'sampling' is not one of 'model', 'data'"):
+        Option("sampling")
+
+
+def test_a_field_without_an_option_is_named_at_import():
+    @dataclasses.dataclass
+    class Config:
+        beta: Annotated[float, Option("training", trains=True)] = 0.0
+        gamma: float = 1.0
+
+    with pytest.raises(TypeError, match=r"Config.gamma has no Option: declare it as gamma: Annotated\[<type>"):
+        field_options(Config)
+
+
+def test_the_lists_of_fields_are_the_options():
+    assert TRAINING_FIELDS == tuple(name for name, option in OPTIONS.items() if option.trains)
+    assert set(RESUME_FREE_FIELDS) == {name for name, option in OPTIONS.items() if option.resume_free}
+    assert DIFFERING_DEFAULTS == {name: option.differs for name, option in OPTIONS.items() if option.differs}
+    # the only training fields a resume may change: the run's length, the precision and the micro-batch (memory)
+    assert set(TRAINING_FIELDS) & set(RESUME_FREE_FIELDS) == {
+        "max_steps", "num_train_epochs", "bf16", "per_device_train_batch_size",
+    }  # fmt: skip
+    assert "reward_weights" in TRAINING_FIELDS  # the reward's scale: it moves every advantage
+    assert "resume_from_checkpoint" in RESUME_FREE_FIELDS  # the resumed script passes a path the first run had not
+
+
+def test_a_refused_switch_is_a_field_accepted_only_at_false():
+    assert list(REFUSED_SWITCHES) == ["fp16", "use_vllm", "remove_unused_columns", "trust_remote_code", "push_to_hub"]
+    defaults = GRPOConfig()
+    for name, instead in REFUSED_SWITCHES.items():
+        assert getattr(defaults, name) is False
+        with pytest.raises(ValueError, match=f"^{name}=True: {re.escape(instead)}$"):
+            GRPOConfig(**{name: True})
+
+
+def test_docs_trl_md_names_every_field():
+    """docs/trl.md sorts the fields into those accepted with TRL's meaning and minigrpo's own names."""
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "trl.md").read_text()
+    lists = docs[docs.index("- **Accepted with TRL's meaning:**") : docs.index("- **Refused by name:**")]
+    assert [name for name in OPTIONS if f"`{name}`" not in lists] == []
