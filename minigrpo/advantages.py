@@ -96,3 +96,15 @@ def group_relative_advantages(
     advantages = centred / reward_scale(grouped_rewards, scale_rewards, ddof, eps)  # (B, G)
     constant = zero_std_groups(grouped_rewards).unsqueeze(1)  # (B, 1)
     return torch.where(constant, torch.zeros_like(advantages), advantages)
+
+
+def completion_advantages(rewards: torch.Tensor, config, num_generations: int | None = None) -> torch.Tensor:
+    """Stage 3 as the trainer runs it: rewards (N,), group-major -> advantages (N,), one per completion.
+
+    The groups are of num_generations (default config.num_generations; evaluation's eval_loss uses its own G');
+    config gives scale_rewards, baseline, std_ddof and advantage_epsilon (GRPOConfig's fields).
+    """
+    grouped_rewards = group_rewards(rewards, num_generations or config.num_generations)  # (B, G)
+    return group_relative_advantages(
+        grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
+    ).flatten()  # (N,)

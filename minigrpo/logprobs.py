@@ -37,8 +37,9 @@ def selective_log_softmax(
     with_entropy  |         | also return H = -sum_v p_v log p_v, (R,) fp32
 
     Every log-prob the package computes comes from here: lesson 02b and exercise 03
-    teach it, and the update and sampling-time scoring (pi_old, pi_ref) reach it
-    through per_token_logps, chunk by chunk of positions.
+    teach it, and the update (completion_logps) and sampling-time scoring (pi_old,
+    pi_ref: per_token_logps) reach it through project_to_logps, chunk by chunk of
+    positions.
     """
     logits = logits.float()
     normalizer = torch.logsumexp(logits, dim=-1)  # (R,)
@@ -55,10 +56,11 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return selective_log_softmax(logits, any_token, with_entropy=True)[1]
 
 
-def _chunk_logps_and_entropy(hidden, labels, weight, bias, temperature: float):
-    """Vocabulary projection of one chunk of positions. hidden (R, H), labels (R,) -> (R,), (R,)."""
+def _projected_chunk_logps(hidden, labels, weight, bias, temperature: float, with_entropy: bool):
+    """The vocabulary projection and the kernel on one chunk of positions, hidden (R, H), labels (R,) -> (R,)
+    [, (R,)]: the function activation checkpointing recomputes in the backward pass."""
     logits = F.linear(hidden, weight, bias) / temperature  # (R, V), freed after the chunk
-    return selective_log_softmax(logits, labels, with_entropy=True)
+    return selective_log_softmax(logits, labels, with_entropy)
 
 
 def completion_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -73,7 +75,9 @@ def per_token_logps(
     logits_to_keep: int,
     temperature: float = 1.0,
     chunk_size: int = 4096,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    num_generations: int = 1,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob and entropy of each of the last `logits_to_keep` tokens.
 
     Symbol          | Shape  | Description
@@ -82,14 +86,48 @@ def per_token_logps(
     attention_mask  | (n, L) | 1 on real tokens
     logits_to_keep  | int    | T, the completion length
     returns         | (n, T) | log pi(o_t | q, o_<t) at `temperature` (fp32)
-                    | (n, T) | entropy of pi(. | q, o_<t) (fp32)
+                    | (n, T) | entropy of pi(. | q, o_<t) (fp32), or None without with_entropy
 
-    Gradients flow to the model when called with grad enabled.
+    num_generations=G > 1 says the rows are group-major, G copies of each prompt: when they are whole groups, each
+    group's prompt runs once (shared_prompt_hidden_states). Gradients flow to the model when grad is enabled.
     """
     assert input_ids.shape == attention_mask.shape, "input_ids and attention_mask must both be (n, L)"
+    hidden = predicting_hidden_states(model, input_ids, attention_mask, logits_to_keep, num_generations)  # (n, T, H)
+    labels = input_ids[:, -logits_to_keep:]  # (n, T)
+    return project_to_logps(model, hidden, labels, temperature, chunk_size, with_entropy)
+
+
+def completion_logps(
+    model, rollout, config, rows: slice = slice(None), with_entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(o_t | q, o_<t) and entropy, (n, T), of a rollout's rows `rows` under `model`: the update's forward pass.
+
+    rollout: a minigrpo.rollout.Rollout (its prompt and completion ids and masks). With config.share_prompt_prefix
+    and whole groups each group's prompt runs once. Gradients flow when grad is enabled. per_token_logps on the
+    rollout's rows, written out so that the update reaches the kernel in as few calls as it can.
+    """
+    input_ids, attention_mask = rollout.input_ids[rows], rollout.attention_mask[rows]  # (n, P + T)
+    T = rollout.completion_ids.shape[1]
+    G = config.num_generations if shares_prompt_prefix(config, input_ids.shape[0]) else 1
+    hidden = predicting_hidden_states(model, input_ids, attention_mask, T, G)  # (n, T, H)
+    labels = input_ids[:, -T:]  # (n, T)
+    return project_to_logps(model, hidden, labels, config.temperature, config.logprob_chunk_size, with_entropy)
+
+
+def predicting_hidden_states(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, num_generations: int = 1
+) -> torch.Tensor:
+    """The last layer's hidden states that predict the last T = logits_to_keep tokens: (n, L) -> (n, T, H).
+
+    The shift: position t - 1 predicts token t, so the states are those of positions P - 1 .. L - 2. With
+    num_generations=G > 1 and whole groups of rows, each group's prompt runs once (shared_prompt_hidden_states)."""
     n, L = input_ids.shape
-    T = logits_to_keep
+    T, G = logits_to_keep, num_generations
     assert 0 < T < L, f"logits_to_keep={T} must be in (0, {L}): there must be at least one prompt token"
+    if G > 1 and n % G == 0:
+        P = L - T
+        ids, mask = input_ids, attention_mask
+        return shared_prompt_hidden_states(model, ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], G)
     output = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -98,14 +136,19 @@ def per_token_logps(
         logits_to_keep=1,  # we project the hidden states ourselves, chunk by chunk
         use_cache=False,
     )
-    hidden = output.hidden_states[-1][:, L - T - 1 : L - 1]  # (n, T, H): position t-1 predicts token t
-    return project_to_logps(model, hidden, input_ids[:, L - T :], temperature, chunk_size)
+    return output.hidden_states[-1][:, L - T - 1 : L - 1]  # (n, T, H): position t-1 predicts token t
 
 
 def project_to_logps(
-    model, hidden: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int = 4096
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The vocabulary projection, chunk by chunk: hidden (n, T, H) predicting labels (n, T) -> logps, entropy (n, T).
+    model,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    with_entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The vocabulary projection, chunk by chunk: hidden (n, T, H) predicting labels (n, T) -> logps, entropy (n, T)
+    (entropy None without with_entropy: scoring pi_old and pi_ref throws it away, so it is not computed).
 
     Each chunk's logits go through selective_log_softmax, the one kernel. With
     gradients, each chunk is recomputed in the backward pass (activation
@@ -117,17 +160,18 @@ def project_to_logps(
     head = model.get_output_embeddings()
     flat_hidden, flat_labels = hidden.reshape(n * T, -1), labels.reshape(n * T)  # (n*T, H), (n*T,)
     recompute = torch.is_grad_enabled() and n * T > chunk_size
-    logps, entropies = [], []
+    chunks = []
     for start in range(0, n * T, chunk_size):
         rows = slice(start, start + chunk_size)
-        args = (flat_hidden[rows], flat_labels[rows], head.weight, head.bias, temperature)
-        chunk = (
-            checkpoint(_chunk_logps_and_entropy, *args, use_reentrant=False)
-            if recompute
-            else _chunk_logps_and_entropy(*args)
-        )
-        logps.append(chunk[0])
-        entropies.append(chunk[1])
+        if recompute:
+            args = (flat_hidden[rows], flat_labels[rows], head.weight, head.bias, temperature, with_entropy)
+            chunks.append(checkpoint(_projected_chunk_logps, *args, use_reentrant=False))
+        else:  # the same two lines as _projected_chunk_logps, one call fewer on the way to the kernel
+            logits = F.linear(flat_hidden[rows], head.weight, head.bias) / temperature  # (R, V)
+            chunks.append(selective_log_softmax(logits, flat_labels[rows], with_entropy))
+    if not with_entropy:
+        return torch.cat(chunks).view(n, T), None  # (n, T)
+    logps, entropies = zip(*chunks, strict=True)
     return torch.cat(logps).view(n, T), torch.cat(entropies).view(n, T)  # (n, T), (n, T)
 
 
@@ -142,7 +186,7 @@ def prompt_cache_per_group(model, prompt_ids: torch.Tensor, prompt_mask: torch.T
     """Run each group's prompt once and repeat its KV cache G times: (model output of n/G rows, cache of n rows).
 
     prompt_ids, prompt_mask: (n, P), group-major, rows b*G .. b*G+G-1 equal. Sampling prefills with it
-    (rollout.generate_completions) and scoring runs the completions on top of it (shared_prompt_per_token_logps).
+    (rollout.generate_completions) and scoring runs the completions on top of it (shared_prompt_hidden_states).
     """
     G = num_generations
     output = model(
@@ -158,17 +202,15 @@ def prompt_cache_per_group(model, prompt_ids: torch.Tensor, prompt_mask: torch.T
     return output, cache
 
 
-def shared_prompt_per_token_logps(
+def shared_prompt_hidden_states(
     model,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     completion_mask: torch.Tensor,
     num_generations: int,
-    temperature: float = 1.0,
-    chunk_size: int = 4096,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """per_token_logps, computing each group's shared prompt once instead of G times.
+) -> torch.Tensor:
+    """predicting_hidden_states, computing each group's shared prompt once instead of G times. -> (n, T, H)
 
     Symbol           | Shape  | Description
     -----------------|--------|-------------------------------------------------------
@@ -176,13 +218,13 @@ def shared_prompt_per_token_logps(
     prompt_mask      | (n, P) | 1 on real prompt tokens
     completion_ids   | (n, T) | right-padded completions
     completion_mask  | (n, T) | 1 on real completion tokens
-    returns          | (n, T) | log pi(o_t | q, o_<t) and the entropy, as per_token_logps
+    returns          | (n, T, H) | the hidden states that predict each completion token
 
     The G completions of a group share their prompt, so its keys and values
     are the same G times over: run the prompt once per group (n / G rows),
     repeat its KV cache G times, and run only the completions on top of it.
     Gradients flow through the repeated cache into the prompt pass, so the
-    result (values and gradients) equals per_token_logps up to float
+    log-probs (values and gradients) equal the plain path's up to float
     rounding, for about (P / G + T) / (P + T) of the work.
     """
     n, P = prompt_ids.shape
@@ -200,8 +242,7 @@ def shared_prompt_per_token_logps(
         **{cache_argument(model): cache},
     )
     last_prompt_hidden = prompts.hidden_states[-1][:, -1:].repeat_interleave(G, dim=0)  # (n, 1, H) predicts o_0
-    hidden = torch.cat([last_prompt_hidden, completions.hidden_states[-1][:, :-1]], dim=1)  # (n, T, H)
-    return project_to_logps(model, hidden, completion_ids, temperature, chunk_size)
+    return torch.cat([last_prompt_hidden, completions.hidden_states[-1][:, :-1]], dim=1)  # (n, T, H)
 
 
 def cache_argument(model) -> str:
@@ -215,39 +256,6 @@ def returned_cache(output):
     return cache if cache is not None else output.past_key_values
 
 
-def rows_logps(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    logits_to_keep: int,
-    temperature: float = 1.0,
-    chunk_size: int = 4096,
-    num_generations: int = 1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """per_token_logps of some rows (n, L) -> (n, T), (n, T), each group's prompt run once when the rows are
-    whole groups of num_generations=G > 1 (shared_prompt_per_token_logps), else the plain path."""
-    n, L = input_ids.shape
-    P, G = L - logits_to_keep, num_generations
-    if G > 1 and n % G == 0:
-        ids, mask = input_ids, attention_mask
-        return shared_prompt_per_token_logps(
-            model, ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], G, temperature, chunk_size
-        )
-    return per_token_logps(model, input_ids, attention_mask, logits_to_keep, temperature, chunk_size)
-
-
-def completion_logps(model, rollout, config, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(o_t | q, o_<t) and entropy, (n, T), of a rollout's rows `rows` under `model`: the update's forward pass.
-
-    rollout: a minigrpo.rollout.Rollout (its prompt and completion ids and masks). With config.share_prompt_prefix
-    and whole groups each group's prompt runs once. Gradients flow when grad is enabled.
-    """
-    input_ids, attention_mask = rollout.input_ids[rows], rollout.attention_mask[rows]  # (n, P + T)
-    T = rollout.completion_ids.shape[1]
-    G = config.num_generations if shares_prompt_prefix(config, input_ids.shape[0]) else 1
-    return rows_logps(model, input_ids, attention_mask, T, config.temperature, config.logprob_chunk_size, G)
-
-
 @torch.no_grad()
 def batched_per_token_logps(
     model,
@@ -259,16 +267,17 @@ def batched_per_token_logps(
     chunk_size: int = 4096,
     num_generations: int = 1,
 ) -> torch.Tensor:
-    """per_token_logps without gradients, `batch_size` rows at a time: pi_old and pi_ref at sampling time. -> (N, T)
+    """per_token_logps without gradients or entropy, `batch_size` rows at a time: pi_old and pi_ref at sampling
+    time. -> (N, T)
 
     num_generations=G > 1 says the rows are group-major, G copies of each
-    prompt: a micro-batch of whole groups then runs each prompt once
-    (rows_logps); any other micro-batch takes the plain path.
+    prompt: a micro-batch of whole groups then runs each prompt once; any
+    other micro-batch takes the plain path.
     """
     N = input_ids.shape[0]
     parts = [
-        rows_logps(model, input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep,
-                   temperature, chunk_size, num_generations)[0]
+        per_token_logps(model, input_ids[i : i + batch_size], attention_mask[i : i + batch_size], logits_to_keep,
+                        temperature, chunk_size, num_generations, with_entropy=False)[0]
         for i in range(0, N, batch_size)
     ]  # fmt: skip
     return torch.cat(parts)  # (N, T)

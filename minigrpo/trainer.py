@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from minigrpo.advantages import group_relative_advantages, group_rewards
+from minigrpo.advantages import completion_advantages, group_rewards
 from minigrpo.config import GRPOConfig
 from minigrpo.dynamic_sampling import fill_batch, kept_rows
 from minigrpo.logprobs import completion_logps, masked_mean
@@ -58,7 +58,7 @@ from minigrpo.run.evaluation import evaluate_model
 from minigrpo.run.metrics import advantage_metrics, average_metrics, completion_metrics, reward_metrics
 from minigrpo.run.progress import RunProgress, library_bars_off
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
-from minigrpo.run.schedule import PromptSampler, lr_at, micro_batches, resolve_max_steps
+from minigrpo.run.schedule import PromptSampler, lr_at, micro_batches, optimizer_step_rows, resolve_max_steps
 from minigrpo.run.trl_api import TrlTrainerMixin
 from minigrpo.trl_compat import check_trl_keywords
 
@@ -429,6 +429,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                 "prompt": prompts,
                 "completion": rollout.completions,
                 "rewards": rewards_per_func,
+                "reward": rewards,
                 "extra": extras.extra_columns,
             }
         )
@@ -474,12 +475,19 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         ]
         self.completion_extras = {name: joined([r["extra"][name] for r in rounds]) for name in extra_names}
         rewards_per_func = torch.cat([r["rewards"] for r in rounds])[list(kept)]  # (n, F)
+        rewards = torch.cat([r["reward"] for r in rounds])[list(kept)]  # (n,)
         self.step_samples = {
             "prompt": joined([r["prompt"] for r in rounds]),
             "completion": joined([r["completion"] for r in rounds]),
             "rewards": {reward_func_name(f): rewards_per_func[:, i].tolist() for i, f in enumerate(self.reward_funcs)},
             "extra": self.completion_extras,
+            "advantage": self.logged_advantages(rewards),
         }
+
+    def logged_advantages(self, rewards: torch.Tensor) -> list[float] | None:
+        """The advantages that log_completions shows beside the completions of these rewards (N,): GRPOTrainer's.
+        None: an algorithm whose advantages are not one per completion (PPO's are per token)."""
+        return None
 
     def rollout_metrics(self, rollout: Rollout, rewards_per_func: torch.Tensor, rewards: torch.Tensor) -> dict:
         """What the completions scored and how long they were (TRL's names)."""
@@ -644,30 +652,21 @@ class GRPOTrainer(Trainer):
     supports_eval_loss = True
 
     def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
-        """Stage 3, the advantages, then stage 4: num_iterations passes over the rollout, each pass one optimizer
-        step (grpo_step) per slice of whole groups (one slice unless TRL's batch fields ask for several).
-
-        pi_old is the policy that sampled the rollout: its log-probs were stored with it when a later step will be
-        off-policy (rollout.old_per_token_logps); on the first pass the ratio is exactly 1."""
+        """Stage 3, the advantages of the rewards (N,), then stage 4: one grpo_step per optimizer step, each on a
+        slice of whole groups, num_iterations passes over the rollout (TRL's batch fields: optimizer_step_rows)."""
         config = self.config
         if rewards.numel() == 0:  # dynamic sampling kept no group: no signal to follow, no optimizer step
             return {"loss": 0.0, "grad_norm": 0.0}
-        grouped_rewards = group_rewards(rewards, config.num_generations)  # (B, G)
-        advantages = group_relative_advantages(
-            grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
-        ).flatten()  # (N,)
+        advantages = completion_advantages(rewards, config)  # (N,): each reward against its group's
         loss_mask = self.loss_mask(rollout)  # (N, T)
-        metrics = advantage_metrics(advantages, config.num_generations, config.std_ddof)
-        if self.step_samples:  # beside the completions they weigh (log_completions)
-            self.step_samples["advantage"] = advantages.tolist()
-        N = len(advantages)
-        step_slices = micro_batches(N, N * config.gradient_accumulation_steps // config.steps_per_generation)
-        steps = [
-            self.grpo_step(rollout, advantages, loss_mask, rows, lr_step=self.step + i)
-            for i, rows in enumerate(step_slices * config.num_iterations)
-        ]
-        metrics.update(average_metrics(steps))
-        return metrics
+        steps = []
+        for i, rows in enumerate(optimizer_step_rows(len(advantages), config)):  # each pass, each step's groups
+            steps.append(self.grpo_step(rollout, advantages, loss_mask, rows, lr_step=self.step + i))
+        return advantage_metrics(advantages, config.num_generations, config.std_ddof) | average_metrics(steps)
+
+    def logged_advantages(self, rewards: torch.Tensor) -> list[float]:
+        """The advantages update computes from these rewards (N,), for log_completions."""
+        return completion_advantages(rewards, self.config).tolist()
 
     @torch.no_grad()
     def evaluation_loss(self, dataset) -> float:
@@ -697,13 +696,8 @@ class GRPOTrainer(Trainer):
                 self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G, with_old_logps=True
             )
             _, rewards = self.score(batch, rollout, G)
-            grouped_rewards = group_rewards(rewards.to(self.device), G)  # (B', G')
             rollouts.append(rollout)
-            advantages.append(
-                group_relative_advantages(
-                    grouped_rewards, config.scale_rewards, config.baseline, config.std_ddof, config.advantage_epsilon
-                ).flatten()  # as update computes them, in groups of G'
-            )
+            advantages.append(completion_advantages(rewards.to(self.device), config, G))  # as update, in groups of G'
         # chunks stop at their own longest completion: right-padded to one T, the padding masked out
         rollout = Rollout.concat(rollouts, self.tokenizer.pad_token_id or 0)  # N' = B' * G' rows
         mask = self.loss_mask(rollout)  # (N', T)
@@ -712,56 +706,39 @@ class GRPOTrainer(Trainer):
         return loss.item()
 
     def grpo_step(
-        self,
-        rollout: Rollout,
-        advantages: torch.Tensor,
-        loss_mask: torch.Tensor,
-        step_rows: slice = slice(None),
-        lr_step: int | None = None,
+        self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor, step_rows=slice(None), lr_step=None
     ) -> dict:
-        """One optimizer step on the rollout's rows `step_rows` (default: all N), in micro-batches.
+        """One optimizer step on the rollout's rows `step_rows` (default: all N). advantages (N,), loss_mask (N, T).
 
-        advantages: (N,) one per completion; loss_mask: (N, T). For each micro-batch of
-        per_device_train_batch_size rows: the policy's per-token log-probs, grpo_loss, backward (the gradients
-        add up); then clip the gradient norm and take the optimizer step at the learning rate of optimizer step
-        `lr_step` (default: the trainer's step). Returns the step's metrics (means over micro-batches), with
-        grad_norm and learning_rate.
-        """
+        Per micro-batch of per_device_train_batch_size rows: the policy's log-probs, grpo_loss, backward (the
+        gradients add up); then clip the gradient norm and step at the rate of optimizer step `lr_step` (default:
+        the trainer's step). pi_old is the policy that sampled: rollout.old_per_token_logps when a later step is
+        off-policy, else None (the ratio is exactly 1). Returns the step's metrics (means over micro-batches)."""
         config = self.config
-        first = step_rows.start or 0
-        num_rows = len(range(*step_rows.indices(len(advantages))))
-        micro = [
-            slice(first + r.start, first + r.stop) for r in micro_batches(num_rows, config.per_device_train_batch_size)
-        ]
-        # "dapo" divides by the tokens of the whole step (every process's, see distributed.step_token_count), so its
-        # micro-batch losses add up to the step's loss; the others are means, so each counts 1 / micro-batches.
+        step = range(len(advantages))[step_rows]  # this step's rows, e.g. range(0, 16)
+        micro = micro_batches(len(step), config.per_device_train_batch_size, step.start)
+        # "dapo" divides by the tokens of the whole step (every process's), so its micro-batch losses add up to the
+        # step's loss; the others are means, so each micro-batch counts 1 / len(micro).
         num_items_in_batch = distributed.step_token_count(loss_mask[step_rows])
         loss_scale = 1.0 if config.loss_type == "dapo" else 1.0 / len(micro)
         old_logps, ref_logps = rollout.old_per_token_logps, rollout.ref_per_token_logps  # (N, T) or None
-        step_loss, micro_metrics = 0.0, []
         self.optimizer.zero_grad(set_to_none=True)
+        step_loss, micro_metrics = 0.0, []
         for i, rows in enumerate(micro):
             with self.gradient_sync(enabled=i == len(micro) - 1):  # torchrun: average gradients after the last
                 with precision_context(self.device, config.bf16):
                     per_token_logps, entropy = self.policy_logps(rollout, rows)  # (n, T), (n, T)
+                old, ref = (None if logps is None else logps[rows] for logps in (old_logps, ref_logps))  # (n, T)
                 loss, metrics = grpo_loss(
-                    per_token_logps,
-                    None if old_logps is None else old_logps[rows],
-                    None if ref_logps is None else ref_logps[rows],
-                    advantages[rows],
-                    loss_mask[rows],
-                    config,
-                    num_items_in_batch,
+                    per_token_logps, old, ref, advantages[rows], loss_mask[rows], config, num_items_in_batch
                 )
                 self.backward(loss * loss_scale, f"completions {rows.start}-{rows.stop - 1}", advantages[rows])
             step_loss += loss.item() * loss_scale
-            metrics["entropy"] = masked_mean(entropy.detach(), loss_mask[rows]).item()
-            micro_metrics.append(metrics)
-        totals = average_metrics(micro_metrics)  # the other metrics: means over the micro-batches
-        totals["loss"] = step_loss
-        totals["grad_norm"] = self.clip_gradients(
+            micro_metrics.append(metrics | {"entropy": masked_mean(entropy.detach(), loss_mask[rows]).item()})
+        metrics = average_metrics(micro_metrics) | {"loss": step_loss}
+        metrics["grad_norm"] = self.clip_gradients(
             self.trainable_parameters(), config.max_grad_norm, advantages[step_rows]
         )
-        totals["learning_rate"] = self.set_learning_rate(self.step if lr_step is None else lr_step)
+        metrics["learning_rate"] = self.set_learning_rate(self.step if lr_step is None else lr_step)
         self.optimizer.step()
-        return totals
+        return metrics

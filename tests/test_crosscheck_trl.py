@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minigrpo import GRPOConfig
-from minigrpo.logprobs import batched_per_token_logps, per_token_logps, shared_prompt_per_token_logps
+from minigrpo.logprobs import batched_per_token_logps, per_token_logps
 from minigrpo.measuring.crosscheck import crosscheck, trl_config
 from minigrpo.rollout import completion_logps, generate_completions, sample_group_rollout, tokenize_prompts
 
@@ -41,15 +41,9 @@ def test_shared_prompt_logps_and_gradients_equal_the_plain_path(tiny, train_data
         return logps.detach(), entropy.detach(), [p.grad.clone() for p in model.parameters()]
 
     plain = logps_and_grads(lambda: per_token_logps(model, rollout.input_ids, rollout.attention_mask, T))
+    G = config.num_generations  # whole groups: each prompt runs once
     shared = logps_and_grads(
-        lambda: shared_prompt_per_token_logps(
-            model,
-            rollout.prompt_ids,
-            rollout.prompt_mask,
-            rollout.completion_ids,
-            rollout.completion_mask,
-            config.num_generations,
-        )
+        lambda: per_token_logps(model, rollout.input_ids, rollout.attention_mask, T, num_generations=G)
     )
     mask = rollout.completion_mask.bool()
     assert torch.allclose(plain[0][mask], shared[0][mask], atol=1e-4)
@@ -61,7 +55,6 @@ def test_shared_prompt_logps_and_gradients_equal_the_plain_path(tiny, train_data
     off = completion_logps(model, rollout, config.replace(share_prompt_prefix=False))[0]
     assert torch.allclose(on[mask], off[mask], atol=1e-4)
     # the no-grad batched version (old / reference log-probs): whole groups shared, a ragged last batch plain
-    G = config.num_generations
     for batch_size in (2 * G, 3):
         batched = batched_per_token_logps(
             model, rollout.input_ids, rollout.attention_mask, T, batch_size, num_generations=G

@@ -110,6 +110,16 @@ def schedule_change_note(saved_config: dict, config: GRPOConfig, step: int, max_
     )
 
 
-def micro_batches(num_rows: int, size: int) -> list[slice]:
-    """[0, size), [size, 2 size), ...: the row slices of the micro-batches (the last may be shorter)."""
-    return [slice(start, start + size) for start in range(0, num_rows, size)]
+def micro_batches(num_rows: int, size: int, first: int = 0) -> list[slice]:
+    """[first, first + size), [first + size, first + 2 size), ...: the slices of micro-batches of `size` over the
+    num_rows rows from row `first` (the last may be shorter)."""
+    end = first + num_rows
+    return [slice(start, min(start + size, end)) for start in range(first, end, size)]
+
+
+def optimizer_step_rows(num_rows: int, config: GRPOConfig) -> list[slice]:
+    """TRL's batch fields: the row slices of a generation's optimizer steps, in order. Each of the num_iterations
+    passes over the N = num_rows rows takes steps_per_generation / gradient_accumulation_steps steps, each on the
+    same number of whole groups."""
+    rows_per_step = num_rows * config.gradient_accumulation_steps // config.steps_per_generation
+    return micro_batches(num_rows, rows_per_step) * config.num_iterations
