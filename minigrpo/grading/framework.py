@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from minigrpo.rollout import time_limit
+from minigrpo.time_limits import time_limit
 
 GRADING_RUN_ENV = "MINIGRPO_GRADING_RUN"
 """Set (to a random token) in the kernels the grader starts: checks there only remember the learner's function."""
