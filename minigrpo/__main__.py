@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _time_limits() -> str:
     """The grader's default limit per exercise, for --help: TIME_LIMIT_FACTOR x the time its solution takes to grade.
 
-    Read from the sources of grading/exercises.py and each case module's `EXERCISE = exercise(id, checks,
+    Read from the sources of grading/exercises.py and each check module's `EXERCISE = exercise(id, checks,
     solution_seconds=...)` (importing the grader would load torch, and --help must not)."""
     import ast
     from pathlib import Path
@@ -334,7 +334,7 @@ def _time_limits() -> str:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "TIME_LIMIT_FACTOR"
     )
     limits = {}
-    for path in sorted((grading / "cases").glob("*.py")):
+    for path in sorted((grading / "checks").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "exercise":
                 seconds = next(k.value.value for k in node.keywords if k.arg == "solution_seconds")

@@ -23,8 +23,8 @@ from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages, zero_std_groups
 from minigrpo.course.kl_gradients import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
-from minigrpo.grading.cases.completion_mask import MISTAKES as MASK_MISTAKES
-from minigrpo.grading.cases.logprobs import logps_reference
+from minigrpo.grading.checks.completion_mask import MISTAKES as MASK_MISTAKES
+from minigrpo.grading.checks.masked_mean_and_logprobs import logps_reference
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
 from minigrpo.ppo import compute_gae

@@ -42,7 +42,7 @@ import importlib
 import minigrpo.grading as grading
 import minigrpo.grading.framework as framework
 
-kl_cases = importlib.import_module("minigrpo.grading.cases.kl")
+kl_cases = importlib.import_module("minigrpo.grading.checks.kl_k3_estimator")
 
 def always_fine(*args, **kwargs):
     return None

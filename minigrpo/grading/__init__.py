@@ -19,7 +19,7 @@ in `minigrpo.grading.runner`).
 | module | job |
 | --- | --- |
 | framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
-| cases/ | one module per exercise: `@cases("check_x", ...)` its cases, `@check` its check_x, `exercise(...)` it |
+| checks/ | one module per exercise, named after it: `@cases` its cases, `@check` its check_x, `exercise(...)` it |
 | exercises | EXERCISES (checks, maximum, time budget); which exercise a notebook is; the version contract |
 | labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
 | cells | a notebook's code cells as the Python they run (IPython's magics, cell magics' bodies included) |
@@ -36,8 +36,8 @@ in `minigrpo.grading.runner`).
 | gradescope | `grade --gradescope FILE`: Gradescope's results.json; `python -m minigrpo autograder`: its zip |
 """
 
-from minigrpo.grading import cases as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
-from minigrpo.grading.cases.step_one_loss import WORKED_EXAMPLE_LENGTHS, step_one_loss
+from minigrpo.grading import checks as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
+from minigrpo.grading.checks.why_is_the_loss_zero import WORKED_EXAMPLE_LENGTHS, step_one_loss
 from minigrpo.grading.exercises import EXERCISES, Exercise, Identity, identify
 from minigrpo.grading.framework import (
     CASE_TIMEOUT_S,

@@ -9,7 +9,7 @@ exception, or a case running past its time limit, is a failed case that shows
 the exception's last traceback line.
 
 Each check is registered by name, in one module per exercise
-(`minigrpo.grading.cases`): its list of cases with `@cases`, and the function a
+(`minigrpo.grading.checks`): its list of cases with `@cases`, and the function a
 notebook calls with `@check` (`minigrpo.grading` exports every one of them)::
 
     @cases("check_kl_k3", references=[kl_penalty])

@@ -33,7 +33,7 @@ from minigrpo import advantages as advantages_module
 from minigrpo import logprobs as logprobs_module
 from minigrpo import losses as losses_module
 from minigrpo import rollout as rollout_module
-from minigrpo.grading.cases.completion_mask import reference as mask_reference
+from minigrpo.grading.checks.completion_mask import reference as mask_reference
 from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     CASES,
