@@ -19,15 +19,15 @@ import pytest
 import torch
 
 from minigrpo import correctness_reward, grading, make_arithmetic_dataset
-from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_cells
-from minigrpo.grading.labs import (
+from minigrpo.grading.checks.labs import (
     CAPSTONE_LEARNING,
     NegatedReward,
     capstone_learning_data,
     tiny_model_and_tokenizer,
     update_follows_rewards,
 )
-from minigrpo.grading.own_code import stage_function_uses
+from minigrpo.grading.checks.own_code import stage_function_uses
+from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_cells
 from minigrpo.tasks.arithmetic import is_test_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,7 +346,7 @@ def test_the_solution_s_cells_use_only_the_givens():
         ("from minigrpo import logprobs\nlogprobs.per_token_logps", "`per_token_logps` from minigrpo.logprobs"),
         ("def f():\n    from minigrpo.advantages import group_relative_advantages", "group_relative_advantages"),
         ("import importlib\nimportlib.import_module('minigrpo.losses')", "names a stage module"),
-        ("from minigrpo.grading.labs import reference_grpo_steps", "not one of the capstone's given imports"),
+        ("from minigrpo.grading.checks.labs import reference_grpo_steps", "not one of the capstone's given imports"),
     ],
 )
 def test_a_stage_function_in_any_cell_is_a_failed_check_that_names_it(cell, named):

@@ -371,7 +371,7 @@ def test_failure_mode_runs_show_their_bugs_signatures():
     runs["prompt_in_mask"] = grading.run_with_bug("prompt_in_mask", max_steps=1)  # a candidate in no mystery run
     answers = {"healthy": "none", **RIGHT_ANSWERS, "prompt_in_mask": "prompt_in_mask"}
     assert set(answers.values()) == {*grading.BUGS, grading.NO_BUG}  # every answer is tested
-    assert grading.labs.MYSTERY_RUNS == RIGHT_ANSWERS
+    assert grading.checks.labs.MYSTERY_RUNS == RIGHT_ANSWERS
     for name, history in runs.items():
         first = history[0]
         shown = {bug for bug, signature in SIGNATURES.items() if signature(first)}
@@ -382,7 +382,7 @@ def test_failure_mode_runs_show_their_bugs_signatures():
 
 def test_mystery_runs_sample_from_their_own_seeds():
     """A healthy mystery run must not be found by matching the healthy run's numbers."""
-    seeds = grading.labs.RUN_SEEDS
+    seeds = grading.checks.labs.RUN_SEEDS
     assert len(set(seeds.values())) == len(seeds) == len(RIGHT_ANSWERS) + 1
 
 
@@ -413,7 +413,7 @@ def test_padding_in_mask_puts_every_completion_position_in_the_loss():
 def test_informative_rollout_skips_seeds_whose_groups_all_have_equal_rewards(monkeypatch):
     """A case's rollout must carry signal: seeds whose every group has equal rewards (all advantages 0) are skipped;
     when none of `tries` seeds has any, the first seed's rollout is used."""
-    from minigrpo.grading import labs
+    from minigrpo.grading.checks import labs
 
     rewards_by_seed = {
         5: [1.0, 1.0, 0.0, 0.0],  # G = 2: both groups equal

@@ -21,9 +21,9 @@ in `minigrpo.grading.runner`).
 | framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
 | checks/ | one module per exercise, named after it: `@cases` its cases, `@check` its check_x, `exercise(...)` it |
 | exercises | EXERCISES (checks, maximum, time budget); which exercise a notebook is; the version contract |
-| labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
+| checks/labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
 | cells | a notebook's code cells as the Python they run (IPython's magics, cell magics' bodies included) |
-| own_code | the capstone's notebook read for the package's stage functions (imports, calls, copies of their code) |
+| checks/own_code | the capstone's notebook read for the package's stage functions (imports, calls, copies of code) |
 | references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
 | remote | the learner's function called in its kernel: arguments in, plain data out |
 | judge | the grader's judge process: runs every check's cases on the kernel's functions |
@@ -37,6 +37,22 @@ in `minigrpo.grading.runner`).
 """
 
 from minigrpo.grading import checks as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
+from minigrpo.grading.checks.labs import (
+    BUGS,
+    CAPSTONE_LEARNING,
+    DIAGNOSTICS,
+    NO_BUG,
+    PlantedBugTrainer,
+    diagnostics_table,
+    held_out_accuracy,
+    planted_bug_run,
+    reference_grpo_steps,
+    run_with_bug,
+    seeded_rollout,
+    single_thread,
+    small_grpo_config,
+    tiny_model_and_tokenizer,
+)
 from minigrpo.grading.checks.why_is_the_loss_zero import WORKED_EXAMPLE_LENGTHS, step_one_loss
 from minigrpo.grading.exercises import EXERCISES, Exercise, Identity, identify
 from minigrpo.grading.framework import (
@@ -72,22 +88,6 @@ from minigrpo.grading.gradebook import (
     find_submissions,
     format_scores,
     grade_command,
-)
-from minigrpo.grading.labs import (
-    BUGS,
-    CAPSTONE_LEARNING,
-    DIAGNOSTICS,
-    NO_BUG,
-    PlantedBugTrainer,
-    diagnostics_table,
-    held_out_accuracy,
-    planted_bug_run,
-    reference_grpo_steps,
-    run_with_bug,
-    seeded_rollout,
-    single_thread,
-    small_grpo_config,
-    tiny_model_and_tokenizer,
 )
 from minigrpo.grading.runner import (
     GradingError,
