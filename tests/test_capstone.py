@@ -311,7 +311,7 @@ def test_the_judge_sends_python_s_and_numpy_s_random_states_to_the_kernel():
     """What `remote` does for the probe across processes: the kernel's generators start where the judge's stood."""
     import numpy
 
-    from minigrpo.grading import remote
+    from minigrpo.grading.sandbox import remote
 
     random.seed(7)
     numpy.random.seed(7)

@@ -577,7 +577,7 @@ def test_a_notebook_that_runs_out_of_time_is_graded_not_crashed(tmp_path):
 def test_a_kernel_that_does_not_answer_at_start_is_started_again_on_new_ports(tmp_path, monkeypatch):
     """Kernels started at once can pick the same free port, and the one that cannot bind never answers: nbclient then
     shuts it down and drops its manager. The grader starts a kernel once more, on a fresh manager, and grades."""
-    from minigrpo.grading import kernels
+    from minigrpo.grading.sandbox import kernels
 
     managers, connect = [], kernels.GradingClient.async_start_new_kernel_client
 

@@ -32,9 +32,9 @@ import nbformat
 import pytest
 
 from minigrpo.grading import NotebookReport, format_scores
-from minigrpo.grading.limits import MAX_NOTEBOOK_BYTES, NotebookRefused, OutputBudget, printable, read_notebook
-from minigrpo.grading.processes import Interrupts, alive, judge_command
 from minigrpo.grading.runner import say
+from minigrpo.grading.sandbox.limits import MAX_NOTEBOOK_BYTES, NotebookRefused, OutputBudget, printable, read_notebook
+from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command
 
 ROOT = Path(__file__).resolve().parents[1]
 RIGHT = "def kl_k3(logps, ref):\n    log_r = ref - logps\n    return log_r.exp() - log_r - 1"

@@ -25,11 +25,11 @@ in `minigrpo.grading.runner`).
 | cells | a notebook's code cells as the Python they run (IPython's magics, cell magics' bodies included) |
 | checks/own_code | the capstone's notebook read for the package's stage functions (imports, calls, copies of code) |
 | references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
-| remote | the learner's function called in its kernel: arguments in, plain data out |
+| sandbox/remote | the learner's function called in its kernel: arguments in, plain data out |
 | judge | the grader's judge process: runs every check's cases on the kernel's functions |
-| limits | how much of a notebook the grader reads (regular files, size, output caps), printed escaped |
-| kernels | the notebook's kernel as the grader runs it: its own stdout and files, capped messages |
-| processes | the grader's process hygiene: kill all a kernel started, the judge isolated, stop on a signal |
+| sandbox/limits | how much of a notebook the grader reads (regular files, size, output caps), printed escaped |
+| sandbox/kernels | the notebook's kernel as the grader runs it: its own stdout and files, capped messages |
+| sandbox/processes | the grader's process hygiene: kill all a kernel started, the judge isolated, stop on a signal |
 | runner | execute notebooks, judge their exercise's checks within its time limit, one report per notebook |
 | gradebook | `python -m minigrpo grade PATH`: students, one score per student and exercise, the table, the CSVs |
 | feedback | `grade --feedback DIR`: a Markdown file per student, each check as its cell prints it |

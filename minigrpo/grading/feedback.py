@@ -21,8 +21,8 @@ from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import CaseResult, CheckResult, format_check, format_points
 from minigrpo.grading.gradebook import StudentGrade, class_grades
-from minigrpo.grading.limits import printable
 from minigrpo.grading.runner import NotebookReport
+from minigrpo.grading.sandbox.limits import printable
 
 
 def check_text(check: dict) -> str:
