@@ -505,8 +505,8 @@ def run_grade(args: argparse.Namespace) -> int:
 def grade_writers(args: argparse.Namespace) -> list:
     """What --feedback and --gradescope write once grading ends: functions of (reports, seconds), paths made absolute
     (grading leaves the working folder)."""
-    from minigrpo.grading.feedback import write_feedback
-    from minigrpo.grading.gradescope import exercise_ids, write_results
+    from minigrpo.grading.reports.feedback import write_feedback
+    from minigrpo.grading.reports.gradescope import exercise_ids, write_results
 
     writers = []
     if args.feedback is not None:
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "grade":
             return run_grade(args)
         elif args.command == "autograder":
-            from minigrpo.grading.gradescope import autograder_command
+            from minigrpo.grading.reports.gradescope import autograder_command
 
             return autograder_command(args.exercise, args.wheel, args.out)
     except FloatingPointError as error:  # trainer.NonFiniteError: the run diverged, which is not a usage mistake

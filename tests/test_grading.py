@@ -606,7 +606,7 @@ def test_exit_codes_for_a_bad_path(tmp_path, capsys):
 
 
 def test_the_csv_has_one_row_per_notebook_and_check_and_defuses_formulas(tmp_path):
-    from minigrpo.grading.gradebook import CHECK_COLUMNS, write_check_rows
+    from minigrpo.grading.reports.gradebook import CHECK_COLUMNS, write_check_rows
 
     path = tmp_path / "=HYPERLINK(1).ipynb"
     nbformat.write(broken_notebook(), path)

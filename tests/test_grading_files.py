@@ -13,7 +13,7 @@ import os
 import nbformat
 import pytest
 
-from minigrpo.grading.gradebook import find_submissions, grade_command
+from minigrpo.grading.reports.gradebook import find_submissions, grade_command
 from minigrpo.grading.runner import _read
 from minigrpo.grading.sandbox.limits import NotebookRefused, read_notebook
 

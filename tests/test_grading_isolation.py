@@ -283,7 +283,8 @@ def test_interrupts_cancel_the_grading_task_and_restore_the_handlers(signum):
 
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
     """What the command prints when SIGINT stopped grading: no kernel here, grade_notebooks is replaced."""
-    from minigrpo.grading import gradebook, runner
+    from minigrpo.grading import runner
+    from minigrpo.grading.reports import gradebook
 
     graded = NotebookReport("ex/01.ipynb", checks=[{"check": "check_kl_k3", "points": 3, "max_points": 3}])
 

@@ -1,6 +1,6 @@
 """Grading notebooks: run each one in its own kernel, judge its exercise's checks, report the points.
 
-`python -m minigrpo grade PATH` (`minigrpo.grading.gradebook`) finds the notebooks and their students, and calls
+`python -m minigrpo grade PATH` (`minigrpo.grading.reports.gradebook`) finds the notebooks and their students, and calls
 `grade_notebooks` here; this module grades them, `jobs` at a time.
 
 How a notebook is graded, and why its score can be trusted
