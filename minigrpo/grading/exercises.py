@@ -83,7 +83,7 @@ class Exercise:
 
 
 EXERCISES: dict[str, Exercise] = {}
-"""exercise id -> its definition (registered as the cases' modules are imported: sort the ids for the course's
+"""exercise id -> its definition (registered as the check modules are imported: sort the ids for the course's
 order)."""
 
 
