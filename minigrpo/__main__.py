@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _time_limits() -> str:
     """The grader's default limit per exercise, for --help: TIME_LIMIT_FACTOR x the time its solution takes to grade.
 
-    Read from the sources of grading/exercises.py and each case module's `EXERCISE = exercise(id, checks,
+    Read from the sources of grading/exercises.py and each check module's `EXERCISE = exercise(id, checks,
     solution_seconds=...)` (importing the grader would load torch, and --help must not)."""
     import ast
     from pathlib import Path
@@ -306,7 +306,7 @@ def _time_limits() -> str:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "TIME_LIMIT_FACTOR"
     )
     limits = {}
-    for path in sorted((grading / "cases").glob("*.py")):
+    for path in sorted((grading / "checks").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "exercise":
                 seconds = next(k.value.value for k in node.keywords if k.arg == "solution_seconds")
@@ -477,8 +477,8 @@ def run_grade(args: argparse.Namespace) -> int:
 def grade_writers(args: argparse.Namespace) -> list:
     """What --feedback and --gradescope write once grading ends: functions of (reports, seconds), paths made absolute
     (grading leaves the working folder)."""
-    from minigrpo.grading.feedback import write_feedback
-    from minigrpo.grading.gradescope import exercise_ids, write_results
+    from minigrpo.grading.reports.feedback import write_feedback
+    from minigrpo.grading.reports.gradescope import exercise_ids, write_results
 
     writers = []
     if args.feedback is not None:
@@ -522,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "grade":
             return run_grade(args)
         elif args.command == "autograder":
-            from minigrpo.grading.gradescope import autograder_command
+            from minigrpo.grading.reports.gradescope import autograder_command
 
             return autograder_command(args.exercise, args.wheel, args.out)
     except FloatingPointError as error:  # trainer.NonFiniteError: the run diverged, which is not a usage mistake

@@ -19,15 +19,15 @@ import pytest
 import torch
 
 from minigrpo import correctness_reward, grading, make_arithmetic_dataset
-from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_cells
-from minigrpo.grading.labs import (
+from minigrpo.grading.checks.labs import (
     CAPSTONE_LEARNING,
     NegatedReward,
     capstone_learning_data,
     tiny_model_and_tokenizer,
     update_follows_rewards,
 )
-from minigrpo.grading.own_code import stage_function_uses
+from minigrpo.grading.checks.own_code import stage_function_uses
+from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_cells
 from minigrpo.tasks.arithmetic import is_test_problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def test_planted_mistakes_lose_the_gradient_exactness_points(edit, lost):
 
 def test_the_second_pass_really_clips():
     """The second-pass case's policy has moved enough that the clip is active on some tokens."""
-    from minigrpo.grading.cases.capstone import _exact_setup
+    from minigrpo.grading.checks.grpo_from_scratch import _exact_setup
     from minigrpo.losses import clip_fractions
 
     base, config, rollout, advantages, old, _, trainer = _exact_setup(
@@ -219,7 +219,7 @@ def test_the_learning_run_s_seed_and_problems_are_drawn_from_the_secret(monkeypa
     and with it other training problems and other held-out problems (always of the test split)."""
     from minigrpo.run import evaluation
 
-    capstone = importlib.import_module("minigrpo.grading.cases.capstone")
+    capstone = importlib.import_module("minigrpo.grading.checks.grpo_from_scratch")
     seeds = []
 
     def stop_before_training(learner, settings, seed):
@@ -281,7 +281,7 @@ def test_a_loop_that_never_steps_loses_the_learning_points_with_its_reason():
 def test_the_solution_s_update_follows_the_rewards_under_several_secrets():
     """The probe on the solution's loop, a batch drawn from each of three secrets: the two steps are opposite to
     about 1e-6 of their difference, far below the tolerance (a loop that ignores the rewards gives infinity)."""
-    from minigrpo.grading.cases.capstone import _check_update_follows_rewards
+    from minigrpo.grading.checks.grpo_from_scratch import _check_update_follows_rewards
 
     train_grpo = solution()["train_grpo"]
     for _ in range(3):
@@ -301,7 +301,7 @@ def test_a_loop_that_shuffles_with_python_s_random_passes_the_probe():
     assert source != DEFINITIONS
     namespace = {"torch": torch, "copy": __import__("copy"), "random": random}
     exec(compile(source, str(SOLUTION), "exec"), namespace)
-    from minigrpo.grading.cases.capstone import _check_update_follows_rewards
+    from minigrpo.grading.checks.grpo_from_scratch import _check_update_follows_rewards
 
     agreement, _ = _check_update_follows_rewards(namespace["train_grpo"], CAPSTONE_LEARNING, 0)
     assert agreement < 1e-4
@@ -311,7 +311,7 @@ def test_the_judge_sends_python_s_and_numpy_s_random_states_to_the_kernel():
     """What `remote` does for the probe across processes: the kernel's generators start where the judge's stood."""
     import numpy
 
-    from minigrpo.grading import remote
+    from minigrpo.grading.sandbox import remote
 
     random.seed(7)
     numpy.random.seed(7)
@@ -346,7 +346,7 @@ def test_the_solution_s_cells_use_only_the_givens():
         ("from minigrpo import logprobs\nlogprobs.per_token_logps", "`per_token_logps` from minigrpo.logprobs"),
         ("def f():\n    from minigrpo.advantages import group_relative_advantages", "group_relative_advantages"),
         ("import importlib\nimportlib.import_module('minigrpo.losses')", "names a stage module"),
-        ("from minigrpo.grading.labs import reference_grpo_steps", "not one of the capstone's given imports"),
+        ("from minigrpo.grading.checks.labs import reference_grpo_steps", "not one of the capstone's given imports"),
     ],
 )
 def test_a_stage_function_in_any_cell_is_a_failed_check_that_names_it(cell, named):

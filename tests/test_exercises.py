@@ -116,7 +116,7 @@ def test_there_are_at_least_ten_exercises_each_with_a_solution_and_checks():
 
 def test_the_checks_the_solutions_call_are_the_one_registry():
     """@check (CHECKS: what minigrpo.grading exports), @cases (CASES: what the grader runs), the checks the grader
-    expects of the solutions, the check_x( calls in their cells and the table of minigrpo.grading.cases agree."""
+    expects of the solutions, the check_x( calls in their cells and the table of minigrpo.grading.checks agree."""
     called, expected = set(), set()
     for path in SOLUTION_PATHS:
         nb = nbformat.read(path, as_version=4)
@@ -125,7 +125,7 @@ def test_the_checks_the_solutions_call_are_the_one_registry():
     assert called <= set(CHECKS), f"called but not registered with @check: {sorted(called - set(CHECKS))}"
     assert called == expected == set(CHECKS) == set(CASES)
     assert all(getattr(grading, name) is CHECKS[name] and name in grading.__all__ for name in CHECKS)
-    docstring = importlib.import_module("minigrpo.grading.cases").__doc__
+    docstring = importlib.import_module("minigrpo.grading.checks").__doc__
     table = docstring[docstring.index("| exercise |") :]
     assert set(re.findall(r"\bcheck_\w+", table)) == set(CHECKS)
 

@@ -23,8 +23,8 @@ from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages, zero_std_groups
 from minigrpo.course.kl_gradients import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
-from minigrpo.grading.cases.completion_mask import MISTAKES as MASK_MISTAKES
-from minigrpo.grading.cases.logprobs import logps_reference
+from minigrpo.grading.checks.completion_mask import MISTAKES as MASK_MISTAKES
+from minigrpo.grading.checks.masked_mean_and_logprobs import logps_reference
 from minigrpo.logprobs import masked_mean
 from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
 from minigrpo.ppo import compute_gae
@@ -371,7 +371,7 @@ def test_failure_mode_runs_show_their_bugs_signatures():
     runs["prompt_in_mask"] = grading.run_with_bug("prompt_in_mask", max_steps=1)  # a candidate in no mystery run
     answers = {"healthy": "none", **RIGHT_ANSWERS, "prompt_in_mask": "prompt_in_mask"}
     assert set(answers.values()) == {*grading.BUGS, grading.NO_BUG}  # every answer is tested
-    assert grading.labs.MYSTERY_RUNS == RIGHT_ANSWERS
+    assert grading.checks.labs.MYSTERY_RUNS == RIGHT_ANSWERS
     for name, history in runs.items():
         first = history[0]
         shown = {bug for bug, signature in SIGNATURES.items() if signature(first)}
@@ -382,7 +382,7 @@ def test_failure_mode_runs_show_their_bugs_signatures():
 
 def test_mystery_runs_sample_from_their_own_seeds():
     """A healthy mystery run must not be found by matching the healthy run's numbers."""
-    seeds = grading.labs.RUN_SEEDS
+    seeds = grading.checks.labs.RUN_SEEDS
     assert len(set(seeds.values())) == len(seeds) == len(RIGHT_ANSWERS) + 1
 
 
@@ -413,7 +413,7 @@ def test_padding_in_mask_puts_every_completion_position_in_the_loss():
 def test_informative_rollout_skips_seeds_whose_groups_all_have_equal_rewards(monkeypatch):
     """A case's rollout must carry signal: seeds whose every group has equal rewards (all advantages 0) are skipped;
     when none of `tries` seeds has any, the first seed's rollout is used."""
-    from minigrpo.grading import labs
+    from minigrpo.grading.checks import labs
 
     rewards_by_seed = {
         5: [1.0, 1.0, 0.0, 0.0],  # G = 2: both groups equal
@@ -577,7 +577,7 @@ def test_a_notebook_that_runs_out_of_time_is_graded_not_crashed(tmp_path):
 def test_a_kernel_that_does_not_answer_at_start_is_started_again_on_new_ports(tmp_path, monkeypatch):
     """Kernels started at once can pick the same free port, and the one that cannot bind never answers: nbclient then
     shuts it down and drops its manager. The grader starts a kernel once more, on a fresh manager, and grades."""
-    from minigrpo.grading import kernels
+    from minigrpo.grading.sandbox import kernels
 
     managers, connect = [], kernels.GradingClient.async_start_new_kernel_client
 
@@ -606,7 +606,7 @@ def test_exit_codes_for_a_bad_path(tmp_path, capsys):
 
 
 def test_the_csv_has_one_row_per_notebook_and_check_and_defuses_formulas(tmp_path):
-    from minigrpo.grading.gradebook import CHECK_COLUMNS, write_check_rows
+    from minigrpo.grading.reports.gradebook import CHECK_COLUMNS, write_check_rows
 
     path = tmp_path / "=HYPERLINK(1).ipynb"
     nbformat.write(broken_notebook(), path)

@@ -13,8 +13,8 @@ import torch
 
 from minigrpo.advantages import group_baseline, group_relative_advantages
 from minigrpo.grading import CASES, EXERCISES, judge
+from minigrpo.grading.checks.labs import CAPSTONE_LEARNING
 from minigrpo.grading.framework import CASE_TIMEOUT_S, DESCRIBE_S, Case, time_needed
-from minigrpo.grading.labs import CAPSTONE_LEARNING
 from minigrpo.grading.runner import JUDGE_MARGIN_S, JUDGE_START_S, judge_budget
 
 

@@ -28,10 +28,10 @@ import torch
 
 from minigrpo import grading
 from minigrpo.grading.judge import sign
-from minigrpo.grading.processes import alive, kill_leftovers, leftovers
 from minigrpo.grading.references import ReferenceWatch, reference_reason, source_reference_reason, watch_list
-from minigrpo.grading.remote import _from_plain, to_plain
 from minigrpo.grading.runner import JudgeFailed, read_answer
+from minigrpo.grading.sandbox.processes import alive, kill_leftovers, leftovers
+from minigrpo.grading.sandbox.remote import _from_plain, to_plain
 from minigrpo.losses import clipped_surrogate, kl_penalty
 
 HONEST_KL = "import torch\n\ndef kl_k3(logps, ref):\n    log_r = ref - logps\n    return torch.exp(log_r) - log_r - 1"
@@ -42,7 +42,7 @@ import importlib
 import minigrpo.grading as grading
 import minigrpo.grading.framework as framework
 
-kl_cases = importlib.import_module("minigrpo.grading.cases.kl")
+kl_cases = importlib.import_module("minigrpo.grading.checks.kl_k3_estimator")
 
 def always_fine(*args, **kwargs):
     return None
@@ -423,7 +423,7 @@ def test_answers_cross_as_plain_data_only():
         os.unlink(path)
     assert type(loaded["t"]) is torch.Tensor and loaded["n"] == 0.5 and type(loaded["n"]) is float
     assert loaded["a"].tolist() == [0, 1, 2] and loaded["g"] == [1.0, 2.0]
-    assert type(loaded["o"]).__name__ == "object" and isinstance(loaded["o"], grading.remote.Opaque)
+    assert type(loaded["o"]).__name__ == "object" and isinstance(loaded["o"], grading.sandbox.remote.Opaque)
     with pytest.raises(TypeError):
         float(loaded["o"])
 

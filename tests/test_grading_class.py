@@ -19,7 +19,7 @@ import pytest
 from minigrpo import __version__, grading
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
 from minigrpo.grading.framework import AFTER_TIMEOUT
-from minigrpo.grading.gradebook import class_grades, find_submissions, format_scores, write_gradebook
+from minigrpo.grading.reports.gradebook import class_grades, find_submissions, format_scores, write_gradebook
 from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
 ROOT = Path(__file__).resolve().parents[1]

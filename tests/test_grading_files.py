@@ -13,9 +13,9 @@ import os
 import nbformat
 import pytest
 
-from minigrpo.grading.gradebook import find_submissions, grade_command
-from minigrpo.grading.limits import NotebookRefused, read_notebook
+from minigrpo.grading.reports.gradebook import find_submissions, grade_command
 from minigrpo.grading.runner import _read
+from minigrpo.grading.sandbox.limits import NotebookRefused, read_notebook
 
 SECRET = "grader-private-token-4f9c"
 

@@ -32,9 +32,9 @@ import nbformat
 import pytest
 
 from minigrpo.grading import NotebookReport, format_scores
-from minigrpo.grading.limits import MAX_NOTEBOOK_BYTES, NotebookRefused, OutputBudget, printable, read_notebook
-from minigrpo.grading.processes import Interrupts, alive, judge_command
 from minigrpo.grading.runner import say
+from minigrpo.grading.sandbox.limits import MAX_NOTEBOOK_BYTES, NotebookRefused, OutputBudget, printable, read_notebook
+from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command
 
 ROOT = Path(__file__).resolve().parents[1]
 RIGHT = "def kl_k3(logps, ref):\n    log_r = ref - logps\n    return log_r.exp() - log_r - 1"
@@ -283,7 +283,8 @@ def test_interrupts_cancel_the_grading_task_and_restore_the_handlers(signum):
 
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
     """What the command prints when SIGINT stopped grading: no kernel here, grade_notebooks is replaced."""
-    from minigrpo.grading import gradebook, runner
+    from minigrpo.grading import runner
+    from minigrpo.grading.reports import gradebook
 
     graded = NotebookReport("ex/01.ipynb", checks=[{"check": "check_kl_k3", "points": 3, "max_points": 3}])
 

@@ -20,8 +20,8 @@ from minigrpo import __version__
 from minigrpo.__main__ import main
 from minigrpo.grading import run_check
 from minigrpo.grading.exercises import EXERCISES
-from minigrpo.grading.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
-from minigrpo.grading.gradescope import exercise_ids, results, write_autograder
+from minigrpo.grading.reports.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
+from minigrpo.grading.reports.gradescope import exercise_ids, results, write_autograder
 from minigrpo.grading.runner import NOT_FOUND, NotebookReport
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "gradescope_results.schema.json").read_text())

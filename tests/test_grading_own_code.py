@@ -15,8 +15,8 @@ import nbformat
 import pytest
 
 from minigrpo import grading
+from minigrpo.grading.checks.own_code import SINGLE_FILE, STUB, stage_function_uses, unwritten
 from minigrpo.grading.framework import judged_cells
-from minigrpo.grading.own_code import SINGLE_FILE, STUB, stage_function_uses, unwritten
 from minigrpo.grading.references import ReferenceWatch, code_digest, watch_list
 from minigrpo.losses import grpo_loss, kl_penalty
 

@@ -1,6 +1,6 @@
-"""rollout.time_limit on every platform: SIGALRM in a POSIX main thread, a watchdog thread elsewhere (Windows, worker
-threads, Jupyter's threads), with the same contract: error() inside the block once `seconds` have passed, nothing
-after a block that ended in time."""
+"""time_limits.time_limit on every platform: SIGALRM in a POSIX main thread, a watchdog thread elsewhere (Windows,
+worker threads, Jupyter's threads), with the same contract: error() inside the block once `seconds` have passed,
+nothing after a block that ended in time."""
 
 import signal
 import threading
@@ -9,7 +9,8 @@ import time
 import pytest
 
 import minigrpo.rollout
-from minigrpo.rollout import render_prompts, time_limit
+from minigrpo.rollout import render_prompts
+from minigrpo.time_limits import time_limit
 
 
 class Late(Exception):

@@ -16,28 +16,39 @@ whose judge runs the same cases in a process the learner's code never runs in
 and only calls the learner's function in the notebook's kernel (the design is
 in `minigrpo.grading.runner`).
 
+The grader's core sits here; its three parts are folders, each with a table of its modules:
+
 | module | job |
 | --- | --- |
 | framework | cases and points, the registries (CASES, CHECKS), run_check / evaluate, hints, time limits |
-| cases/ | one module per exercise: `@cases("check_x", ...)` its cases, `@check` its check_x, `exercise(...)` it |
 | exercises | EXERCISES (checks, maximum, time budget); which exercise a notebook is; the version contract |
-| labs | short runs of the tiny Qwen: the reference GRPO step, exercise 10's planted bugs, the capstone's runs |
-| cells | a notebook's code cells as the Python they run (IPython's magics, cell magics' bodies included) |
-| own_code | the capstone's notebook read for the package's stage functions (imports, calls, copies of their code) |
 | references | is the learner's function the package's own solution (the object, the notebook's source, run time)? |
-| remote | the learner's function called in its kernel: arguments in, plain data out |
-| judge | the grader's judge process: runs every check's cases on the kernel's functions |
-| limits | how much of a notebook the grader reads (regular files, size, output caps), printed escaped |
-| kernels | the notebook's kernel as the grader runs it: its own stdout and files, capped messages |
-| processes | the grader's process hygiene: kill all a kernel started, the judge isolated, stop on a signal |
+| cells | a notebook's code cells as the Python they run (IPython's magics, cell magics' bodies included) |
+| judge | the grader's judge process: runs every check's cases on the kernel's functions, signs the records |
 | runner | execute notebooks, judge their exercise's checks within its time limit, one report per notebook |
-| gradebook | `python -m minigrpo grade PATH`: students, one score per student and exercise, the table, the CSVs |
-| feedback | `grade --feedback DIR`: a Markdown file per student, each check as its cell prints it |
-| gradescope | `grade --gradescope FILE`: Gradescope's results.json; `python -m minigrpo autograder`: its zip |
+| checks/ | the exercises' checks, one module per exercise named after it; the labs and own-code reader they use |
+| sandbox/ | where learner code runs while graded: its kernel, the judge's calls into it, caps, process hygiene |
+| reports/ | what grading writes: the gradebook (`grade PATH`), a feedback file per student, Gradescope's files |
 """
 
-from minigrpo.grading import cases as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
-from minigrpo.grading.cases.step_one_loss import WORKED_EXAMPLE_LENGTHS, step_one_loss
+from minigrpo.grading import checks as _exercises  # noqa: F401 (importing it registers every check: CHECKS, CASES)
+from minigrpo.grading.checks.labs import (
+    BUGS,
+    CAPSTONE_LEARNING,
+    DIAGNOSTICS,
+    NO_BUG,
+    PlantedBugTrainer,
+    diagnostics_table,
+    held_out_accuracy,
+    planted_bug_run,
+    reference_grpo_steps,
+    run_with_bug,
+    seeded_rollout,
+    single_thread,
+    small_grpo_config,
+    tiny_model_and_tokenizer,
+)
+from minigrpo.grading.checks.why_is_the_loss_zero import WORKED_EXAMPLE_LENGTHS, step_one_loss
 from minigrpo.grading.exercises import EXERCISES, Exercise, Identity, identify
 from minigrpo.grading.framework import (
     CASE_TIMEOUT_S,
@@ -65,29 +76,13 @@ from minigrpo.grading.framework import (
     run_check,
     value_and_gradient,
 )
-from minigrpo.grading.gradebook import (
+from minigrpo.grading.reports.gradebook import (
     ClassGrades,
     StudentGrade,
     class_grades,
     find_submissions,
     format_scores,
     grade_command,
-)
-from minigrpo.grading.labs import (
-    BUGS,
-    CAPSTONE_LEARNING,
-    DIAGNOSTICS,
-    NO_BUG,
-    PlantedBugTrainer,
-    diagnostics_table,
-    held_out_accuracy,
-    planted_bug_run,
-    reference_grpo_steps,
-    run_with_bug,
-    seeded_rollout,
-    single_thread,
-    small_grpo_config,
-    tiny_model_and_tokenizer,
 )
 from minigrpo.grading.runner import (
     GradingError,

@@ -1,6 +1,6 @@
 """The exercises: each one's checks, maximum and time budget, and which exercise a handed-in notebook is.
 
-An exercise is defined once, in its module of `minigrpo.grading.cases`, beside the checks it owns::
+An exercise is defined once, in its module of `minigrpo.grading.checks`, beside the checks it owns::
 
     EXERCISE = exercise("02_group_relative_advantages", [check_group_relative_advantages, check_rloo_advantages],
                         solution_seconds=12)
@@ -83,7 +83,7 @@ class Exercise:
 
 
 EXERCISES: dict[str, Exercise] = {}
-"""exercise id -> its definition (registered as the cases' modules are imported: sort the ids for the course's
+"""exercise id -> its definition (registered as the check modules are imported: sort the ids for the course's
 order)."""
 
 

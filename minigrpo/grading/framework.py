@@ -9,7 +9,7 @@ exception, or a case running past its time limit, is a failed case that shows
 the exception's last traceback line.
 
 Each check is registered by name, in one module per exercise
-(`minigrpo.grading.cases`): its list of cases with `@cases`, and the function a
+(`minigrpo.grading.checks`): its list of cases with `@cases`, and the function a
 notebook calls with `@check` (`minigrpo.grading` exports every one of them)::
 
     @cases("check_kl_k3", references=[kl_penalty])
@@ -27,7 +27,7 @@ that is feedback, and the learner's code can change anything in that process.
 the function it was given (`GRADED`), and the grader's judge (a separate
 process of the package's own code, `minigrpo.grading.judge`) runs every case
 again, computing the expected answers and the points itself, calling the
-learner's function in the kernel through `minigrpo.grading.remote`. Inside a
+learner's function in the kernel through `minigrpo.grading.sandbox.remote`. Inside a
 notebook run by the grader ($MINIGRPO_GRADING_RUN set) a check therefore only
 remembers the function and says so.
 
@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from minigrpo.rollout import time_limit
+from minigrpo.time_limits import time_limit
 
 GRADING_RUN_ENV = "MINIGRPO_GRADING_RUN"
 """Set (to a random token) in the kernels the grader starts: checks there only remember the learner's function."""
@@ -120,7 +120,7 @@ class NoAnswer(Exception):
 
 
 class RemoteCallable:
-    """Marks a stand-in for the learner's function that runs it in another process (minigrpo.grading.remote)."""
+    """Marks a stand-in for the learner's function that runs it in another process (minigrpo.grading.sandbox.remote)."""
 
     def value_and_gradient(self, wrt: int, *args):
         raise NotImplementedError
@@ -222,7 +222,7 @@ def run_case(case: Case, learner: Callable, deadline: float | None = None) -> Ca
         return CaseResult(case.name, 0.0, case.points, False, message)
     except NotImplementedError as error:
         return CaseResult(case.name, 0.0, case.points, False, _not_implemented(last_traceback_line(error)))
-    except LearnerError as error:  # raised in the kernel, reported by minigrpo.grading.remote
+    except LearnerError as error:  # raised in the kernel, reported by minigrpo.grading.sandbox.remote
         message = _not_implemented(error.line) if error.not_implemented else f"your code raised {error.line}"
         return CaseResult(case.name, 0.0, case.points, False, message)
     except NoAnswer as error:

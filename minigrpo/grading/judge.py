@@ -58,7 +58,7 @@ from minigrpo.grading.framework import (
     time_needed,
 )
 from minigrpo.grading.references import source_reference_reason, watch_list
-from minigrpo.grading.remote import Kernel, KernelFunction, describe
+from minigrpo.grading.sandbox.remote import Kernel, KernelFunction, describe
 
 
 def sign(key: bytes, records: list[dict]) -> str:

@@ -1,12 +1,12 @@
 """Grading notebooks: run each one in its own kernel, judge its exercise's checks, report the points.
 
-`python -m minigrpo grade PATH` (`minigrpo.grading.gradebook`) finds the notebooks and their students, and calls
+`python -m minigrpo grade PATH` (`minigrpo.grading.reports.gradebook`) finds the notebooks and their students, and calls
 `grade_notebooks` here; this module grades them, `jobs` at a time.
 
 How a notebook is graded, and why its score can be trusted
 -----------------------------------------------------------
 1. Read it: only a regular file of at most 16 MiB, inside the graded folder, is
-   read as a notebook (`minigrpo.grading.limits`); anything else named *.ipynb (a
+   read as a notebook (`minigrpo.grading.sandbox.limits`); anything else named *.ipynb (a
    symbolic link out of the folder too) scores 0 as unreadable, with the reason,
    and a file that does not parse is reported by its error's type, never its bytes.
 2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
@@ -21,7 +21,7 @@ How a notebook is graded, and why its score can be trusted
    not stop the cells after it), under a SID of its own (setsid), with
    $MINIGRPO_GRADING_RUN set to a random token, its stdin, stdout and stderr
    /dev/null, and its connection file, kernel spec and TMPDIR in a folder of the
-   grader's temporary folder (`minigrpo.grading.kernels`). Its checks only
+   grader's temporary folder (`minigrpo.grading.sandbox.kernels`). Its checks only
    remember the function they were given. Of its output the grader keeps at
    most 1 MiB per cell and 8 MiB per notebook, and reads only the errors.
 4. Judge it: a separate process of the package's own code
@@ -30,7 +30,7 @@ How a notebook is graded, and why its score can be trusted
    that the notebook's kernel ran, whatever name the notebook called it by (an
    alias, `getattr`), computing the expected answers and the points itself, its
    random cases drawn from a secret it draws at every grading; it calls the learner's functions in the kernel and gets
-   back plain data only (`minigrpo.grading.remote`). Patching the package in the
+   back plain data only (`minigrpo.grading.sandbox.remote`). Patching the package in the
    kernel, or writing anything anywhere, changes no point: learner code never
    runs in the judge. A function that is, wraps, calls or runs the package's own
    solution of the exercise earns 0 for that check, with the reason
@@ -41,7 +41,7 @@ How a notebook is graded, and why its score can be trusted
    scores 0 with the reason. A notebook that cannot be read, times out, kills
    its kernel or breaks its judge scores 0 on its own checks only.
 6. Clean up, however grading ends: every process with the kernel's SID, and
-   every process carrying the token, is killed (`minigrpo.grading.processes`),
+   every process carrying the token, is killed (`minigrpo.grading.sandbox.processes`),
    and the notebook's folder (connection file included) is removed.
 
 Time
@@ -104,9 +104,9 @@ from minigrpo.grading.framework import (
     max_points,
     time_needed,
 )
-from minigrpo.grading.limits import NotebookRefused, printable, read_notebook
-from minigrpo.grading.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
-from minigrpo.grading.remote import INTERRUPT_WAIT_S
+from minigrpo.grading.sandbox.limits import NotebookRefused, printable, read_notebook
+from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
+from minigrpo.grading.sandbox.remote import INTERRUPT_WAIT_S
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds the minigrpo package: the kernels import this copy, not another one on their path."""
@@ -565,7 +565,7 @@ async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrup
     """Run the notebook's cells in a kernel, then judge `checks` on it, all within report.time_limit; the records."""
     from nbclient.exceptions import DeadKernelError
 
-    from minigrpo.grading import kernels
+    from minigrpo.grading.sandbox import kernels
 
     deadline = started + report.time_limit
     token = secrets.token_hex(16)
@@ -613,7 +613,7 @@ async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrup
 async def _run_cells(client, nb, deadline: float, report: NotebookReport, limit_words: str) -> int | None:
     """Run the code cells, each for at most the client's timeout and all of them by `deadline`; a cell that runs
     out of time is interrupted and the next one runs. Returns the cell that did not stop when interrupted, if any."""
-    from minigrpo.grading import kernels
+    from minigrpo.grading.sandbox import kernels
 
     code_cells = [index for index, cell in enumerate(nb.cells) if cell.cell_type == "code"]
     cell_limit = client.timeout

@@ -213,7 +213,7 @@ class Kernel:
     def __init__(self, connection: dict, pid: int, workdir: Path):
         from jupyter_client.blocking import BlockingKernelClient
 
-        from minigrpo.grading.limits import capped_context
+        from minigrpo.grading.sandbox.limits import capped_context
 
         self.client = BlockingKernelClient(context=capped_context())  # a reply over MAX_MESSAGE_BYTES is dropped
         self.client.load_connection_info(connection)
@@ -234,7 +234,7 @@ class Kernel:
         with open(request_path, "wb") as f:
             pickle.dump(payload, f)
         code = (
-            f"__import__('minigrpo.grading.remote', fromlist=['serve']).serve("
+            f"__import__('minigrpo.grading.sandbox.remote', fromlist=['serve']).serve("
             f"{check!r}, {str(request_path)!r}, {str(response_path)!r})"
         )
         message_id = self.client.execute(code, silent=True, store_history=False, allow_stdin=False)
@@ -254,7 +254,7 @@ class Kernel:
         return self._read(response_path)
 
     def _wait(self, message_id: str, timeout: float | None) -> dict:
-        from minigrpo.grading.processes import alive
+        from minigrpo.grading.sandbox.processes import alive
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -285,7 +285,7 @@ class Kernel:
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            raise NoAnswer("the kernel sent no answer (was minigrpo.grading.remote changed?)") from None
+            raise NoAnswer("the kernel sent no answer (was minigrpo.grading.sandbox.remote changed?)") from None
         try:
             if size > MAX_RESPONSE_BYTES:
                 raise NoAnswer(f"your function's answer is {size / 2**20:.0f} MB: too large to grade")
@@ -332,7 +332,7 @@ class KernelFunction(RemoteCallable):
         }
         response = self.kernel.request(self.check, payload)
         if not isinstance(response, dict):
-            raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
+            raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.sandbox.remote changed?)")
         if response.get("reference_ran"):
             self.refusal = runtime_message(str(response["reference_ran"]))
         elif self.watch and response.get("watch_intact") is not True:
@@ -371,5 +371,5 @@ def describe(kernel: Kernel, check: str, timeout: float = 60) -> dict:
     """What the notebook passed to `check`, seen in the kernel: {"registered", "type", "refusal" (str | None)}."""
     response = kernel.request(check, {"kind": "describe"}, timeout=timeout)
     if not isinstance(response, dict):
-        raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.remote changed?)")
+        raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.sandbox.remote changed?)")
     return response

@@ -46,7 +46,7 @@ STAGE_MODULES = ("rollout", "rewards", "advantages", "logprobs", "losses", "trai
 _STAGE_STRING = re.compile(r"\bminigrpo\.(" + "|".join(STAGE_MODULES) + r")\b")
 STUB = "Exercise: replace this line with your solution"
 """The message of the stub line that scripts/make_exercises.py writes in place of each solution."""
-SINGLE_FILE = Path(__file__).resolve().parents[2] / "examples" / "grpo_single_file.py"
+SINGLE_FILE = Path(__file__).resolve().parents[3] / "examples" / "grpo_single_file.py"
 """The whole algorithm in one file, where the repository has it: its functions are the package's too."""
 MIN_COPY_BYTES = 48
 """Functions with less bytecode than this (a one-line helper anyone writes alike) are never called copies."""

@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 import torch
 
-from minigrpo.grading.exercises import exercise
-from minigrpo.grading.framework import Case, CheckResult, Mismatch, case_seed, cases, check, expect_close, run_check
-from minigrpo.grading.labs import (
+from minigrpo.grading.checks.labs import (
     ReferenceSteps,
     reference_grpo_steps,
     single_thread,
     small_grpo_config,
     tiny_model_and_tokenizer,
 )
+from minigrpo.grading.exercises import exercise
+from minigrpo.grading.framework import Case, CheckResult, Mismatch, case_seed, cases, check, expect_close, run_check
 from minigrpo.models import make_reference_model
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer

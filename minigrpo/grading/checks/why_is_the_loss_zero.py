@@ -9,15 +9,15 @@ from collections.abc import Callable
 import torch
 
 from minigrpo.advantages import group_relative_advantages
-from minigrpo.grading.exercises import exercise
-from minigrpo.grading.framework import Case, CheckResult, case_seed, cases, check, expect_close, run_check, seeded
-from minigrpo.grading.labs import (
+from minigrpo.grading.checks.labs import (
     reference_grpo_steps,
     seeded_rollout,
     single_thread,
     small_grpo_config,
     tiny_model_and_tokenizer,
 )
+from minigrpo.grading.exercises import exercise
+from minigrpo.grading.framework import Case, CheckResult, case_seed, cases, check, expect_close, run_check, seeded
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, make_arithmetic_dataset
 
 WORKED_EXAMPLE_LENGTHS = [20, 20, 3, 36, 26, 20, 25, 20]

@@ -42,7 +42,6 @@ from pathlib import Path
 
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points
-from minigrpo.grading.limits import LIMITS, printable
 from minigrpo.grading.runner import (
     GradingError,
     GradingInterrupted,
@@ -52,6 +51,7 @@ from minigrpo.grading.runner import (
     grade_notebooks,
     say,
 )
+from minigrpo.grading.sandbox.limits import LIMITS, printable
 
 SEVERAL_RULE = "best"
 """Which of a student's notebooks of one exercise counts: the one with the most points (ties: the first path)."""

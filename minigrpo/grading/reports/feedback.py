@@ -20,9 +20,9 @@ from pathlib import Path
 from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import CaseResult, CheckResult, format_check, format_points
-from minigrpo.grading.gradebook import StudentGrade, class_grades
-from minigrpo.grading.limits import printable
+from minigrpo.grading.reports.gradebook import StudentGrade, class_grades
 from minigrpo.grading.runner import NotebookReport
+from minigrpo.grading.sandbox.limits import printable
 
 
 def check_text(check: dict) -> str:

@@ -1,12 +1,12 @@
-"""Exercise 10: name the planted bug of each mystery run, or "none", from its diagnostics (runs in grading.labs)."""
+"""Exercise 10: name the planted bug of each mystery run, or "none", from its diagnostics (the runs are in labs.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from minigrpo.grading.checks.labs import BUGS, MYSTERY_RUNS, NO_BUG
 from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import Case, CheckResult, Mismatch, cases, check, run_check
-from minigrpo.grading.labs import BUGS, MYSTERY_RUNS, NO_BUG
 
 ANSWERS = (*BUGS, NO_BUG)
 """What diagnose() may name for a run: one of the planted bugs, or NO_BUG for a healthy run."""

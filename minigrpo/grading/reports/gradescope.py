@@ -36,11 +36,11 @@ from pathlib import Path
 
 from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
-from minigrpo.grading.feedback import check_text
 from minigrpo.grading.framework import format_points, max_points
-from minigrpo.grading.gradebook import class_grades
-from minigrpo.grading.limits import printable
+from minigrpo.grading.reports.feedback import check_text
+from minigrpo.grading.reports.gradebook import class_grades
 from minigrpo.grading.runner import NotebookReport
+from minigrpo.grading.sandbox.limits import printable
 
 SUBMISSION = "submission"
 """The one student of a Gradescope submission: every notebook in it is theirs."""

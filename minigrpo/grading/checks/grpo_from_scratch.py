@@ -33,7 +33,21 @@ from minigrpo import advantages as advantages_module
 from minigrpo import logprobs as logprobs_module
 from minigrpo import losses as losses_module
 from minigrpo import rollout as rollout_module
-from minigrpo.grading.cases.completion_mask import reference as mask_reference
+from minigrpo.grading.checks.completion_mask import reference as mask_reference
+from minigrpo.grading.checks.labs import (
+    CAPSTONE_LEARNING,
+    NegatedReward,
+    capstone_config,
+    capstone_learning_config,
+    capstone_learning_data,
+    informative_rollout,
+    reference_capstone_update,
+    seeded_rollout,
+    single_thread,
+    tiny_model_and_tokenizer,
+    update_follows_rewards,
+)
+from minigrpo.grading.checks.own_code import stage_function_uses, unwritten
 from minigrpo.grading.exercises import exercise
 from minigrpo.grading.framework import (
     CASES,
@@ -48,20 +62,6 @@ from minigrpo.grading.framework import (
     run_check,
     seeded,
 )
-from minigrpo.grading.labs import (
-    CAPSTONE_LEARNING,
-    NegatedReward,
-    capstone_config,
-    capstone_learning_config,
-    capstone_learning_data,
-    informative_rollout,
-    reference_capstone_update,
-    seeded_rollout,
-    single_thread,
-    tiny_model_and_tokenizer,
-    update_follows_rewards,
-)
-from minigrpo.grading.own_code import stage_function_uses, unwritten
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer
 

@@ -4,7 +4,7 @@
   cell writes to file descriptor 1 or 2 (`os.write(1, ...)`, `os.system("echo
   ...")`, `sys.__stdout__`) reaches the grader only as the kernel's output
   messages (ipykernel captures those descriptors), counted against the caps of
-  `minigrpo.grading.limits`, and never reaches the grader's own output.
+  `minigrpo.grading.sandbox.limits`, and never reaches the grader's own output.
 - Its kernel spec, its connection file (which holds the kernel's key) and its
   TMPDIR are in a folder the runner makes for the notebook inside the grader's
   temporary folder, and removes however grading ends.
@@ -14,7 +14,7 @@
 - Widgets' messages (comms) are ignored: the grader saves no notebook.
 - The kernel is started and stopped here, not by nbclient's `async_setup_kernel`,
   whose SIGINT and SIGTERM handlers stop the kernel and let grading go on
-  (`minigrpo.grading.processes.Interrupts` stops grading instead).
+  (`minigrpo.grading.sandbox.processes.Interrupts` stops grading instead).
 
 Imported only when a notebook is graded: jupyter_client, nbclient and zmq come
 with the package's `notebooks` / `test` extras, and a learner's
@@ -36,8 +36,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 
-from minigrpo.grading import limits
-from minigrpo.grading.limits import MAX_MESSAGE_BYTES, OutputBudget, capped_context, output_size, trim_error
+from minigrpo.grading.sandbox import limits
+from minigrpo.grading.sandbox.limits import MAX_MESSAGE_BYTES, OutputBudget, capped_context, output_size, trim_error
 
 
 class _CappedKernelManager(AsyncKernelManager):
