@@ -22,9 +22,6 @@ _.is_world_process_zero
 _.is_local_process_zero
 _.pop_callback  # run/trl_api.py: transformers Trainer's callback methods, for a TRL user's script
 _.remove_callback
-_.trackio_space_id  # config.py: TrainingArguments' trackio fields, read by transformers' TrackioCallback
-_.trackio_bucket_id
-_.trackio_static_space_id
 _.to_json_string  # config.py: TrainingArguments.to_json_string, which transformers' TensorBoardCallback calls
 _.current_gradient_accumulation_steps  # measuring/crosscheck.py: set on TRL's trainer, read by its loss
 _.min_new_tokens  # bench/: a GenerationConfig field, read by generate
@@ -39,11 +36,6 @@ _.on_cell_executed  # grading/kernels.py: nbclient's hook after each cell
 _.compress_type  # grading/gradescope.py: a ZipInfo field, read by ZipFile.writestr
 
 # --- called by name from a string, in another process --------------------------------------------------------------
-limit_kernel_output  # grading/limits.py: run in every grading kernel (kernels._CUT_OUTPUT)
-serve  # grading/remote.py: the kernel runs it for each of the judge's requests
+limit_kernel_output  # grading/sandbox/limits.py: run in every grading kernel (kernels._CUT_OUTPUT)
+serve  # grading/sandbox/remote.py: the kernel runs it for each of the judge's requests
 into  # grading/runner.py: `into += chunk` extends the caller's bytearray in place (vulture sees a rebinding)
-
-# --- dead, to remove -----------------------------------------------------------------------------------------------
-# Used nowhere, in modules that other changes are moving now: remove each with its entry here.
-STAGES  # grading/cases/capstone.py: a tuple of the capstone's stage functions that nothing reads
-time_limits_help  # grading/exercises.py: the --help text of the per-exercise limits, no longer shown

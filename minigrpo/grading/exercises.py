@@ -108,11 +108,6 @@ def owner(check: str) -> Exercise | None:
     return next((e for e in EXERCISES.values() if check in e.checks), None)
 
 
-def time_limits_help() -> str:
-    """'01 45 s, 02 36 s, ...': the default limit of each exercise, for --help."""
-    return ", ".join(f"{e.number} {e.time_limit} s" for e in sorted(EXERCISES.values(), key=lambda e: e.id))
-
-
 # --- which exercise a notebook is -----------------------------------------------------------------------
 @dataclass
 class Identity:

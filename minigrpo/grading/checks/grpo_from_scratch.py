@@ -65,18 +65,6 @@ from minigrpo.grading.framework import (
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
 from minigrpo.trainer import GRPOTrainer
 
-STAGES = (
-    rollout_module.completion_mask_from_eos,
-    rollout_module.sample_group_rollout,
-    logprobs_module.per_token_logps,
-    advantages_module.group_relative_advantages,
-    losses_module.grpo_loss,
-    losses_module.clipped_surrogate,
-    losses_module.kl_penalty,
-    losses_module.aggregate_loss,
-    GRPOTrainer,
-)
-"""The package's solutions of the capstone's stages: a function that is, wraps or runs one earns nothing."""
 PROMPTS = 3
 """Prompts in the sampler's and the log-probs' cases."""
 NEAR_GREEDY_MOST = 7
