@@ -1,6 +1,6 @@
 """Command line: python -m minigrpo train | eval | pretrain-tiny | grade | autograder
 
-python -m minigrpo train                      # tiny Qwen on the CPU, ~5 minutes
+python -m minigrpo train                      # tiny Qwen on the CPU, in minutes
 python -m minigrpo train --max-steps 20 --beta 0 --loss-type dapo
 python -m minigrpo train --resume             # continue from the last checkpoint
 python -m minigrpo train --resume --allow-dataset-change  # ... on another training set (sampler restarted)

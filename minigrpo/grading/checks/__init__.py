@@ -1,10 +1,8 @@
 """The checks of every exercise, one module per exercise, named after it; importing this package registers them all.
 
 Each module ends with its exercise (`exercises.exercise`): its id, its checks and `solution_seconds`, the time its
-solution took to grade, rounded up to 5 s (`python -m minigrpo grade solutions/ --jobs 2 --timeout 900`, the
-`seconds` of each notebook, on a 2-core CPU shared with other work at a load average of 5-6: 681 s for all fifteen,
-2.5 times the README's idle-machine figure). The grader's default limit per notebook is 3x that. Measure again when
-an exercise changes.
+solution took to grade, rounded up to 5 s (how it was measured: docs/grading.md, "Where the grader's constants come
+from"). The grader's default limit per notebook is 3x that. Measure again when an exercise changes.
 
 Each module registers its checks' cases (`@cases("check_x")`, in framework.CASES) and the check_x functions the
 notebooks call (`@check`, in framework.CHECKS, which `minigrpo.grading` exports by name). A module is named after its

@@ -169,9 +169,8 @@ def _sampler_cases() -> list[Case]:
                 "at temperature 1.5 the 8 completions of every prompt are identical: sample "
                 "(do_sample=True), do not decode greedily, and sample each of the G rows on its own."
             )
-        # Near greedy, a prompt whose two best tokens are almost tied can still branch: over 300 drawn secrets the
-        # solution's sampler gave the 3 prompts 3-6 different completions in all (one each in 70% of the draws; one
-        # prompt with 3 in 1%), and sampling at temperature 1 instead (temperature ignored) gave 9-23.
+        # Near greedy, a prompt whose two best tokens are almost tied can still branch, so the bound leaves room for
+        # a few; a sampler that ignores the temperature gives far more (docs/grading.md gives the counts measured).
         if sum(cold_distinct) > NEAR_GREEDY_MOST:
             raise Mismatch(
                 f"at temperature 0.02 the completions of a prompt should be (almost) all the same, got {cold_distinct} "
