@@ -31,8 +31,8 @@ _.chat_template
 
 # --- peft, nbclient and the standard library read them -------------------------------------------------------------
 _.task_type  # ppo.py: a LoraConfig field, read by peft's inject_adapter_in_model
-_.handle_comm_msg  # grading/kernels.py: nbclient's NotebookClient calls it for each comm message
-_.on_cell_executed  # grading/kernels.py: nbclient's hook after each cell
+_.handle_comm_msg  # grading/sandbox/kernels.py: nbclient's NotebookClient calls it for each comm message
+_.on_cell_executed  # grading/sandbox/kernels.py: nbclient's hook after each cell
 _.compress_type  # grading/gradescope.py: a ZipInfo field, read by ZipFile.writestr
 
 # --- called by name from a string, in another process --------------------------------------------------------------
