@@ -706,19 +706,22 @@ class GRPOTrainer(Trainer):
         return loss.item()
 
     def grpo_step(
-        self, rollout: Rollout, advantages: torch.Tensor, loss_mask: torch.Tensor, step_rows=slice(None), lr_step=None
+        self,
+        rollout: Rollout,
+        advantages: torch.Tensor,
+        loss_mask: torch.Tensor,
+        step_rows: slice = slice(None),
+        lr_step: int | None = None,
     ) -> dict:
-        """One optimizer step on the rollout's rows `step_rows` (default: all N). advantages (N,), loss_mask (N, T).
+        """One optimizer step on the rollout's rows `step_rows` (default: all N); advantages (N,), loss_mask (N, T).
 
-        Per micro-batch of per_device_train_batch_size rows: the policy's log-probs, grpo_loss, backward (the
-        gradients add up); then clip the gradient norm and step at the rate of optimizer step `lr_step` (default:
-        the trainer's step). pi_old is the policy that sampled: rollout.old_per_token_logps when a later step is
-        off-policy, else None (the ratio is exactly 1). Returns the step's metrics (means over micro-batches)."""
+        Per micro-batch of per_device_train_batch_size rows: log pi_theta, grpo_loss against pi_old (None when the
+        ratio is exactly 1) and pi_ref, backward (the gradients add up); then clip the gradient norm and step at the
+        rate of optimizer step `lr_step` (default: the trainer's step). Returns the step's metrics."""
         config = self.config
         step = range(len(advantages))[step_rows]  # this step's rows, e.g. range(0, 16)
         micro = micro_batches(len(step), config.per_device_train_batch_size, step.start)
-        # "dapo" divides by the tokens of the whole step (every process's), so its micro-batch losses add up to the
-        # step's loss; the others are means, so each micro-batch counts 1 / len(micro).
+        # "dapo" divides by the step's tokens (all processes'): micro-batch losses add up; the others' count 1/M each
         num_items_in_batch = distributed.step_token_count(loss_mask[step_rows])
         loss_scale = 1.0 if config.loss_type == "dapo" else 1.0 / len(micro)
         old_logps, ref_logps = rollout.old_per_token_logps, rollout.ref_per_token_logps  # (N, T) or None
@@ -735,10 +738,8 @@ class GRPOTrainer(Trainer):
                 self.backward(loss * loss_scale, f"completions {rows.start}-{rows.stop - 1}", advantages[rows])
             step_loss += loss.item() * loss_scale
             micro_metrics.append(metrics | {"entropy": masked_mean(entropy.detach(), loss_mask[rows]).item()})
-        metrics = average_metrics(micro_metrics) | {"loss": step_loss}
-        metrics["grad_norm"] = self.clip_gradients(
-            self.trainable_parameters(), config.max_grad_norm, advantages[step_rows]
-        )
+        grad_norm = self.clip_gradients(self.trainable_parameters(), config.max_grad_norm, advantages[step_rows])
+        metrics = average_metrics(micro_metrics) | {"loss": step_loss, "grad_norm": grad_norm}
         metrics["learning_rate"] = self.set_learning_rate(self.step if lr_step is None else lr_step)
         self.optimizer.step()
         return metrics
