@@ -75,7 +75,7 @@ class Args:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # clip the global gradient norm to this (0: no clipping)
     warmup_steps: int = 0  # linear warm-up of the learning rate
-    lr_scheduler_type: str = "linear"  # after warm-up: "linear" decay to 0 at max_steps, or "constant"
+    lr_scheduler_type: str = "linear"  # after warm-up: "linear" or "cosine" decay to 0 at max_steps, or "constant"
     max_steps: int = 200  # optimizer steps
     # --- evaluation
     eval_steps: int = 25  # greedy held-out accuracy every this many steps and at the end (0: only at the end)
@@ -92,8 +92,8 @@ class Args:
             )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type={self.loss_type!r}: choose one of {', '.join(LOSS_TYPES)}.")
-        if self.lr_scheduler_type not in ("linear", "constant"):
-            raise ValueError(f"lr_scheduler_type={self.lr_scheduler_type!r}: choose 'linear' or 'constant'.")
+        if self.lr_scheduler_type not in ("linear", "cosine", "constant"):
+            raise ValueError(f"lr_scheduler_type={self.lr_scheduler_type!r}: choose 'linear', 'cosine' or 'constant'.")
 
 
 FAST = dict(max_steps=3, prompts_per_step=4, num_generations=4, per_device_train_batch_size=8, train_size=64,
@@ -290,11 +290,15 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, args: Args, step_to
 # --- stage 5: the update (lesson 06) ------------------------------------------------------------------------------
 def lr_at(step: int, args: Args) -> float:
     """The learning rate of optimizer step `step` (0, 1, ...), as transformers' schedules compute it: step / W of
-    the rate during W warm-up steps, then the rate, or for "linear" a straight line down to 0 at max_steps."""
+    the rate during W warm-up steps, then the rate, or a decay to 0 at max_steps: "linear" a straight line, "cosine"
+    half a cosine wave."""
     if step < args.warmup_steps:
         return args.learning_rate * step / args.warmup_steps
+    progress = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)  # 0 -> 1 through the decay
     if args.lr_scheduler_type == "linear":
         return args.learning_rate * max(0.0, (args.max_steps - step) / max(1, args.max_steps - args.warmup_steps))
+    if args.lr_scheduler_type == "cosine":
+        return args.learning_rate * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
     return args.learning_rate
 
 

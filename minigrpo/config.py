@@ -38,7 +38,7 @@ from typing import Annotated, Literal
 from minigrpo.trl_compat import BATCH_FIELDS, check_trl_switches, refuse_unknown_fields, resolve_batch_sizes, world_size
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-LR_SCHEDULERS = ("constant", "linear")
+LR_SCHEDULERS = ("constant", "linear", "cosine")
 SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -176,11 +176,14 @@ class GRPOConfig:
     adam_beta1: Annotated[float, Option("optimisation", trains=True)] = 0.9
     adam_beta2: Annotated[float, Option("optimisation", trains=True)] = 0.999
     """AdamW betas (TRL's 0.9 / 0.999; DeepSeekMath's pre-training used 0.9 / 0.95, its RL section states none)."""
-    warmup_steps: Annotated[int, Option("optimisation", trains=True)] = 0
-    """Linear warm-up steps of the learning rate: factor step / warmup_steps at optimizer step 0, 1, ... (as
-    transformers' get_linear_schedule_with_warmup)."""
-    lr_scheduler_type: Annotated[Literal["constant", "linear"], Option("optimisation", trains=True)] = "linear"
-    """After warm-up: 'linear' decay to 0 at max_steps (TRL's default) or 'constant' (DeepSeekMath)."""
+    warmup_steps: Annotated[float, Option("optimisation", trains=True)] = 0
+    """Linear warm-up of the learning rate, as transformers 5 defines it: W steps (a whole number >= 1), or a ratio
+    in [0, 1) of max_steps (W = ceil(ratio x max_steps)); factor step / W at optimizer step 0, 1, ..., W - 1."""
+    lr_scheduler_type: Annotated[Literal["constant", "linear", "cosine"], Option("optimisation", trains=True)] = (
+        "linear"
+    )
+    """After warm-up: 'linear' decay to 0 at max_steps (TRL's default), 'cosine' (half a cosine down to 0 at
+    max_steps: transformers' get_cosine_schedule_with_warmup, num_cycles 0.5), or 'constant'."""
     gradient_checkpointing: Annotated[
         bool,
         Option(
@@ -499,6 +502,11 @@ class GRPOConfig:
         for name in ("eval_steps", "save_steps", "warmup_steps"):
             if (getattr(self, name) or 0) < 0:
                 raise ValueError(f"{name}={getattr(self, name)}: it must be >= 0.")
+        if self.warmup_steps >= 1 and not float(self.warmup_steps).is_integer():
+            raise ValueError(
+                f"warmup_steps={self.warmup_steps}: give a whole number of steps (>= 1), or a ratio of max_steps in "
+                "[0, 1) (transformers 5's meaning: 0.1 warms up over the first tenth of the run)."
+            )
         if self.max_steps < -1 or self.max_steps == 0:
             raise ValueError(f"max_steps={self.max_steps}: give a number of steps >= 1, or -1 to use num_train_epochs.")
         if self.max_steps == -1 and not self.num_train_epochs > 0:
@@ -697,7 +705,7 @@ DEEPSEEKMATH_ALGORITHM = dict(
     max_num_gen_batches=10,
     # the optimizer
     learning_rate=1e-6,  # 4.2: "the learning rate of the policy model is 1e-6"
-    lr_scheduler_type="constant",  # 4.2 states one learning rate and no schedule
+    lr_scheduler_type="constant",  # 4.2 states one learning rate and no schedule: constant is our reading, not its word
     warmup_steps=0,
     weight_decay=0.0,  # not stated for RL
     adam_beta1=0.9,  # not stated for RL (pre-training: 0.9 / 0.95)

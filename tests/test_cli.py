@@ -84,6 +84,16 @@ def test_zero_steps_or_eval_problems(capsys):
 
 def test_a_bad_config_value_is_one_line(capsys):
     assert "num_generations" in run(capsys, "train", "--num-generations", "0")
+    assert "warmup_steps=2.5: give a whole number of steps" in run(capsys, "train", "--warmup-steps", "2.5")
+
+
+def test_the_cosine_schedule_with_a_warmup_ratio_from_the_command_line():
+    from minigrpo.__main__ import build_parser, make_config
+
+    args = build_parser().parse_args(["train", "--lr-scheduler-type", "cosine", "--warmup-steps", "0.1"])
+    overrides = {name: getattr(args, name) for name in ("lr_scheduler_type", "warmup_steps")}
+    config = make_config("tiny", overrides)
+    assert (config.lr_scheduler_type, config.warmup_steps) == ("cosine", 0.1)
 
 
 def test_debug_shows_the_traceback():

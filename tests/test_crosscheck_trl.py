@@ -78,7 +78,7 @@ def test_generation_from_a_shared_prompt_cache_equals_plain_generation(tiny, tra
 @pytest.mark.parametrize(
     ("schedule", "warmup", "theirs"),
     [("constant", 0, "constant"), ("constant", 3, "constant_with_warmup"), ("linear", 0, "linear"),
-     ("linear", 3, "linear")],
+     ("linear", 3, "linear"), ("cosine", 0.25, "cosine")],
 )  # fmt: skip
 def test_trl_config_maps_the_schedule(schedule, warmup, theirs, tmp_path):
     # transformers' "constant" ignores warm-up; minigrpo's warms up from 0 in both schedules

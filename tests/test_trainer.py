@@ -227,6 +227,17 @@ def test_learning_rate_schedule():
     assert lr_at(4, config, 10, base_lr=3.0) == 3.0 * 0.75  # another group's base rate (PPO's critic), same factor
 
 
+def test_cosine_by_hand_and_the_warmup_steps_that_are_refused():
+    config = GRPOConfig(max_steps=10, warmup_steps=2, lr_scheduler_type="cosine", learning_rate=1.0)
+    # after 2 warm-up steps, half a cosine over the 8 steps left: 1 at step 2, 1/2 halfway (step 6), 0 at step 10
+    assert [lr_at(s, config, 10) for s in (0, 1, 2, 6, 10)] == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0], abs=1e-15)
+    assert lr_at(4, config, 10) == pytest.approx((1 + math.cos(math.pi / 4)) / 2)  # a quarter of the way down
+    with pytest.raises(ValueError, match=r"warmup_steps=2.5: give a whole number of steps .* ratio of max_steps"):
+        GRPOConfig(warmup_steps=2.5)
+    with pytest.raises(ValueError, match="warmup_steps=-0.1: it must be >= 0"):
+        GRPOConfig(warmup_steps=-0.1)
+
+
 def test_a_fresh_run_refuses_an_earlier_runs_folder_unless_told_to_overwrite(tiny, train_dataset, small_config):
     model, tokenizer = tiny
     stale = small_config.output_dir + "/checkpoint-99"
@@ -270,23 +281,26 @@ def test_evaluation_passes_reward_functions_the_real_completion_ids(tiny, eval_d
     assert metrics["eval_accuracy"] == sum(len(ids) for _, ids in seen) / 8
 
 
-@pytest.mark.parametrize("scheduler, warmup_steps", [("linear", 0), ("linear", 3), ("constant", 0), ("constant", 3)])
+@pytest.mark.parametrize("scheduler", ["linear", "constant", "cosine"])
+@pytest.mark.parametrize("warmup_steps", [0, 3, 0.25])
 def test_the_learning_rate_schedule_is_transformers_step_by_step(
     tiny, train_dataset, small_config, scheduler, warmup_steps
 ):
-    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+    """The trainer's rate at every step is transformers' scheduler of the same name, the warm-up given in steps or
+    (transformers 5's warmup_steps < 1) as a ratio of max_steps: ceil(0.25 x 10) = 3 steps."""
+    import transformers
 
     model, tokenizer = tiny
     config = small_config.replace(max_steps=10, lr_scheduler_type=scheduler, warmup_steps=warmup_steps)
     trainer = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer)
     reference_optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=config.learning_rate)
-    if scheduler == "linear":
-        reference = get_linear_schedule_with_warmup(reference_optimizer, warmup_steps, config.max_steps)
-    else:
-        reference = get_constant_schedule_with_warmup(reference_optimizer, warmup_steps)
-    for step in range(config.max_steps):
-        assert trainer.set_learning_rate(step) == pytest.approx(reference.get_last_lr()[0], rel=1e-12, abs=0)
+    name = "constant_with_warmup" if scheduler == "constant" else scheduler  # transformers' "constant" never warms up
+    warmup = math.ceil(10 * warmup_steps) if warmup_steps < 1 else warmup_steps
+    reference = transformers.get_scheduler(name, reference_optimizer, warmup, config.max_steps)
+    for step in range(config.max_steps + 1):
+        assert trainer.set_learning_rate(step) == pytest.approx(reference.get_last_lr()[0], rel=1e-12, abs=1e-20)
         assert trainer.optimizer.param_groups[0]["lr"] == trainer.set_learning_rate(step)
+        reference_optimizer.step()
         reference.step()
 
 

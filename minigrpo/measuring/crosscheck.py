@@ -101,7 +101,7 @@ def trl_config(config: GRPOConfig, device: str, output_dir: str, gradient_checkp
         weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm,
         lr_scheduler_type=trl_schedule(config),
-        warmup_steps=config.warmup_steps,
+        warmup_steps=config.warmup_steps,  # steps, or a ratio of max_steps in [0, 1) (transformers 5)
         optim="adamw_torch",
         max_steps=config.max_steps,
         seed=config.seed,

@@ -223,7 +223,7 @@ def changed_run_fields(saved: dict, current: dict) -> list[str]:
     """The training-defining differences between two run_args(), as "name: saved -> current" lines.
 
     Fields in config.RESUME_FREE_FIELDS (run length, logging, memory knobs) may change on a resume: a longer (or
-    shorter) max_steps continues the run under every schedule; a linear decay is then recomputed for the new
+    shorter) max_steps continues the run under every schedule; a linear or cosine decay is then recomputed for the new
     max_steps, as transformers' Trainer recomputes it (run.schedule.schedule_change_note). A field the checkpoint
     lacks (it was written by an older minigrpo) counts as the value its release used (FIELDS_ADDED), and is named
     as a change when that is not known; so is a field this minigrpo does not know (a newer one wrote the checkpoint).

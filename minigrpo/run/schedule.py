@@ -72,30 +72,48 @@ def resolve_max_steps(config: GRPOConfig, num_prompts: int, per_generation: int)
     return math.ceil(steps / per_generation) * per_generation
 
 
+COSINE_CYCLES = 0.5
+"""transformers' num_cycles for "cosine": half a cosine wave, from the base rate down to 0 at max_steps."""
+
+
+def warmup_steps(config: GRPOConfig, max_steps: int) -> int:
+    """W, the warm-up's optimizer steps: config.warmup_steps itself, or for a ratio in [0, 1) that share of
+    max_steps rounded up (transformers 5's TrainingArguments.get_warmup_steps)."""
+    if config.warmup_steps >= 1:
+        return int(config.warmup_steps)
+    return math.ceil(max_steps * config.warmup_steps)
+
+
 def lr_at(step: int, config: GRPOConfig, max_steps: int, base_lr: float | None = None) -> float:
     """The learning rate of optimizer step `step` (0, 1, ...): a pure function of the step, as nanoGPT's get_lr(it),
     so a resumed run needs nothing but its step to continue the schedule.
 
-    transformers' schedules (get_linear_schedule_with_warmup, get_constant_schedule_with_warmup): base_lr x step / W
-    during the W = warmup_steps warm-up steps (so the first step has rate 0), then base_lr, or for "linear" a decay
-    to 0 at max_steps. base_lr: config.learning_rate unless given (PPO's critic has its own).
+    base_lr times transformers' factor (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup,
+    get_cosine_schedule_with_warmup), computed as they compute it: step / W during the W warm-up steps (so the first
+    step has rate 0), then 1 ("constant"), or with progress p = (step - W) / (max_steps - W) through the decay,
+    1 - p ("linear") or (1 + cos(pi p)) / 2 ("cosine"), both 0 at max_steps. base_lr: config.learning_rate unless
+    given (PPO's critic has its own).
     """
     base = config.learning_rate if base_lr is None else base_lr
-    if step < config.warmup_steps:
-        return base * step / config.warmup_steps
+    warmup = warmup_steps(config, max_steps)
+    if step < warmup:
+        return base * (float(step) / float(max(1, warmup)))
     if config.lr_scheduler_type == "linear":
-        return base * max(0.0, (max_steps - step) / max(1, max_steps - config.warmup_steps))
+        return base * max(0.0, float(max_steps - step) / float(max(1, max_steps - warmup)))
+    if config.lr_scheduler_type == "cosine":
+        progress = float(step - warmup) / float(max(1, max_steps - warmup))
+        return base * max(0.0, 0.5 * (1.0 + math.cos(math.pi * COSINE_CYCLES * 2.0 * progress)))
     return base
 
 
 def schedule_change_note(saved_config: dict, config: GRPOConfig, step: int, max_steps: int) -> str | None:
-    """The line a resume prints when a linear decay is recomputed for a new run length (None otherwise).
+    """The line a resume prints when a decay (linear or cosine) is recomputed for a new run length (None otherwise).
 
     The rule is transformers' (its Trainer builds the scheduler for the new max_steps on resume and restores only the
-    step): the rate of step s is lr_at(s) for the NEW max_steps, base_lr x (max_steps - s) / (max_steps - warmup),
+    step): the rate of step s is lr_at(s) for the NEW max_steps (linear: base_lr x (max_steps - s) / (max_steps - W)),
     so an extended run's rate steps up at the resumed step and decays to 0 at the new end. saved_config: the
     checkpoint's config (its max_steps and num_train_epochs are compared with config's)."""
-    if config.lr_scheduler_type != "linear":
+    if config.lr_scheduler_type == "constant":
         return None
     changed = [
         f"{name} {saved_config[name]!r} -> {getattr(config, name)!r}"
@@ -105,8 +123,9 @@ def schedule_change_note(saved_config: dict, config: GRPOConfig, step: int, max_
     if not changed or (config.max_steps > 0 and "max_steps" not in changed[0]):
         return None  # the same run length (num_train_epochs does not count when max_steps is given)
     return (
-        f"resuming with {changed[0]}: the linear decay is recomputed for {max_steps} steps, as transformers does on "
-        f"resume: learning rate {lr_at(step, config, max_steps):.3g} at step {step}, decaying to 0 at step {max_steps}"
+        f"resuming with {changed[0]}: the {config.lr_scheduler_type} decay is recomputed for {max_steps} steps, as "
+        f"transformers does on resume: learning rate {lr_at(step, config, max_steps):.3g} at step {step}, decaying "
+        f"to 0 at step {max_steps}"
     )
 
 
