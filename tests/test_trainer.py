@@ -236,6 +236,8 @@ def test_cosine_by_hand_and_the_warmup_steps_that_are_refused():
         GRPOConfig(warmup_steps=2.5)
     with pytest.raises(ValueError, match="warmup_steps=-0.1: it must be >= 0"):
         GRPOConfig(warmup_steps=-0.1)
+    with pytest.raises(TypeError, match=r"warmup_ratio=\.\.\..*give warmup_steps a ratio in \[0, 1\)"):
+        GRPOConfig(warmup_ratio=0.1)  # transformers 4's field; 5 reads a warmup_steps below 1 as the ratio
 
 
 def test_a_fresh_run_refuses_an_earlier_runs_folder_unless_told_to_overwrite(tiny, train_dataset, small_config):
