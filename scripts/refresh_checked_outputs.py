@@ -38,10 +38,23 @@ def refresh(path: Path, timeout: int) -> None:
     for cell in nb.cells:
         if cell.cell_type == "code" and "NBVAL_CHECK_OUTPUT" in cell.source:
             # what nbval compares: printed text and a cell's value (no stderr, no progress bars, no figures)
-            cell.outputs = [o for o in cell.outputs if o.get("name") == "stdout" or o.output_type == "execute_result"]
+            kept = [o for o in cell.outputs if o.get("name") == "stdout" or o.output_type == "execute_result"]
+            cell.outputs = joined_streams(kept)
     stamp_colab.clean_outputs(nb)
     nbformat.write(nb, path)
     print(f"refreshed {path.relative_to(ROOT)}")
+
+
+def joined_streams(outputs: list) -> list:
+    """Consecutive stdout outputs as one, as nbval joins them before comparing: how the kernel happened to flush a
+    cell's prints does not change the committed notebook."""
+    joined = []
+    for output in outputs:
+        if joined and output.get("name") == "stdout" and joined[-1].get("name") == "stdout":
+            joined[-1].text += output.text
+        else:
+            joined.append(output)
+    return joined
 
 
 def main(argv: list[str] | None = None) -> int:
