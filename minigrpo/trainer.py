@@ -715,9 +715,9 @@ class GRPOTrainer(Trainer):
     ) -> dict:
         """One optimizer step on the rollout's rows `step_rows` (default: all N); advantages (N,), loss_mask (N, T).
 
-        Per micro-batch of per_device_train_batch_size rows: log pi_theta, grpo_loss against pi_old (None when the
-        ratio is exactly 1) and pi_ref, backward (the gradients add up); then clip the gradient norm and step at the
-        rate of optimizer step `lr_step` (default: the trainer's step). Returns the step's metrics."""
+        Per micro-batch of per_device_train_batch_size rows: log pi_theta, grpo_loss against pi_old (None with one
+        step per generation: ratio exactly 1; else stored, ratio ~1 on the first step only) and pi_ref, backward;
+        then clip the gradient norm and step at the rate of step `lr_step` (default: the trainer's); returns metrics."""
         config = self.config
         step = range(len(advantages))[step_rows]  # this step's rows, e.g. range(0, 16)
         micro = micro_batches(len(step), config.per_device_train_batch_size, step.start)
