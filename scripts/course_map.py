@@ -13,6 +13,11 @@ exercises" section links. The run time is what the lesson's **Time:** line says 
 or "about N minutes" (or "about a minute") on two CPU cores, the wall time of running the whole lesson from a fresh
 kernel in its full mode (what a learner runs: MINIGRPO_QUICK unset), measured with nbclient on a quiet two-core
 machine. The map's last line sums them.
+
+The reading time is reading, not study. The "to work through" column is an estimate, labelled as one: no learner
+was timed. It assumes STUDY_FACTOR times the reading (running the cells, working the maths with pen and paper, the
+lesson's ungraded questions), EXERCISE_MINUTES per graded exercise and CAPSTONE_MINUTES for the capstone, each
+exercise counted once, at the first lesson that links it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,11 @@ WORDS_PER_MINUTE = 150
 BEGIN, END = "<!-- course map: scripts/course_map.py --write -->", "<!-- end of the course map -->"
 PRACTICE = "## Practice: graded exercises"
 OPTIONAL = {"05_ppo_vs_grpo.ipynb"}  # a detour the course reads correctly without
+# The work-through estimate's assumptions (not measurements; the map says so beside the figures)
+STUDY_FACTOR = 2  # study time per minute of reading: running the cells, the maths by hand, the questions
+EXERCISE_MINUTES = 30  # one graded exercise: a function or two, its checks, its hints
+CAPSTONE = "15_grpo_from_scratch.ipynb"
+CAPSTONE_MINUTES = 180  # every stage from scratch, then a training run graded on learning
 TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+) minutes to read(.*?)(?:\n\n|$)", re.S)
 RUN_TIME = re.compile(r"\babout (a|\d+(?:\.\d+)?) (second|minute)s? on two CPU cores")
 
@@ -74,6 +84,23 @@ def lessons(root: Path = ROOT) -> list[Lesson]:
     return [read_lesson(path) for path in sorted((root / "notebooks").glob("*.ipynb"))]
 
 
+def work_minutes(course: list[Lesson]) -> dict[str, int]:
+    """{lesson name: the estimated minutes to work through it}: STUDY_FACTOR x its reading time, plus each graded
+    exercise it is the first lesson to link (EXERCISE_MINUTES, CAPSTONE_MINUTES for the capstone)."""
+    seen, minutes = set(), {}
+    for lesson in course:
+        first_links = [name for name in lesson.exercises if name not in seen]
+        seen.update(first_links)
+        exercises = sum(CAPSTONE_MINUTES if name == CAPSTONE else EXERCISE_MINUTES for name in first_links)
+        minutes[lesson.name] = STUDY_FACTOR * lesson.stated_minutes + exercises
+    return minutes
+
+
+def hours(minutes: int) -> str:
+    """95 -> '1 h 35 min'; 40 -> '40 min'."""
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
 def exercise_link(name: str) -> str:
     return f"[{name.split('_')[0]}](exercises/{name})"
 
@@ -88,19 +115,24 @@ def readme_questions(readme: str) -> dict[str, str]:
 def render(course: list[Lesson], questions: dict[str, str]) -> str:
     """The map as Markdown: one row a lesson, then the totals (the sums of the rows)."""
     rows = [
-        "| lesson | question | graded exercises | reading | its code |",
-        "| --- | --- | --- | --- | --- |",
+        "| lesson | question | graded exercises | reading | to work through (estimate) | its code |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
+    work = work_minutes(course)
     for lesson in course:
         title = f"[`{lesson.name.removesuffix('.ipynb')}`](notebooks/{lesson.name})"
         if lesson.name in OPTIONAL:
             title += " (optional)"
         exercises = ", ".join(map(exercise_link, lesson.exercises)) or "none"
         question = questions.get(lesson.name, "")
-        rows.append(f"| {title} | {question} | {exercises} | {lesson.stated_minutes} min | {lesson.runs} |")
+        rows.append(
+            f"| {title} | {question} | {exercises} | {lesson.stated_minutes} min | {hours(work[lesson.name])} | "
+            f"{lesson.runs} |"
+        )
     total = sum(lesson.stated_minutes for lesson in course)
     optional = sum(lesson.stated_minutes for lesson in course if lesson.name in OPTIONAL)
-    hours = lambda minutes: f"{minutes // 60} h {minutes % 60:02d} min"  # noqa: E731
+    work_total = sum(work.values())
+    work_optional = sum(minutes for name, minutes in work.items() if name in OPTIONAL)
     linked = sorted({name for lesson in course for name in lesson.exercises})
     run_minutes = sum(lesson.run_seconds or 0 for lesson in course) / 60
     optional_run_minutes = sum(lesson.run_seconds or 0 for lesson in course if lesson.name in OPTIONAL) / 60
@@ -110,6 +142,14 @@ def render(course: list[Lesson], questions: dict[str, str]) -> str:
         f"{WORDS_PER_MINUTE} words a minute, code included; running every lesson's code: about {run_minutes:.0f} min "
         f"({run_minutes - optional_run_minutes:.0f} min without lesson 05) on two CPU cores; {len(linked)} graded "
         "exercises, each linked from the lesson it practises."
+    )
+    rows.append("")
+    rows.append(
+        f"Reading times count the words, prose and code, at {WORDS_PER_MINUTE} a minute: reading, not study. To work "
+        f"through the course: about {hours(work_total)} ({hours(work_total - work_optional)} without lesson 05), an "
+        f"estimate, not a measurement: {STUDY_FACTOR}x the reading time for study (running the cells, the maths by "
+        f"hand, the questions), {EXERCISE_MINUTES} min per graded exercise and {hours(CAPSTONE_MINUTES)} for the "
+        "capstone, each exercise counted at the first lesson that links it."
     )
     return "\n".join(rows)
 

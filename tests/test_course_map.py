@@ -42,16 +42,25 @@ def test_the_totals_are_the_sums_of_the_rows():
             "05_ppo_vs_grpo.ipynb", 3000, 20, "about 30 minutes on two CPU cores", ("07_gae_for_ppo.ipynb",)
         ),
         course_map.Lesson(
-            "06_b.ipynb", 9000, 60, "about 2.5 minutes on two CPU cores", ("07_gae_for_ppo.ipynb", "15_x.ipynb")
+            "06_b.ipynb", 9000, 60, "about 2.5 minutes on two CPU cores", ("07_gae_for_ppo.ipynb", course_map.CAPSTONE)
         ),
     ]
     table = course_map.render(course, {"00_a.ipynb": "why?"})
     rows = table.splitlines()
-    assert rows[2] == "| [`00_a`](notebooks/00_a.ipynb) | why? | none | 10 min | about 30 seconds on two CPU cores |"
+    assert rows[2] == (
+        "| [`00_a`](notebooks/00_a.ipynb) | why? | none | 10 min | 20 min | about 30 seconds on two CPU cores |"
+    )
     assert rows[3].startswith("| [`05_ppo_vs_grpo`](notebooks/05_ppo_vs_grpo.ipynb) (optional) |  | [07](exercises/")
-    assert rows[-1].startswith("Reading, every lesson: 1 h 30 min (1 h 10 min without the optional lesson 05)")
-    assert "running every lesson's code: about 33 min (3 min without lesson 05) on two CPU cores" in rows[-1]
-    assert "2 graded exercises" in rows[-1]
+    totals, estimate = rows[-3], rows[-1]
+    assert totals.startswith("Reading, every lesson: 1 h 30 min (1 h 10 min without the optional lesson 05)")
+    assert "running every lesson's code: about 33 min (3 min without lesson 05) on two CPU cores" in totals
+    assert "2 graded exercises" in totals
+    # 2 x reading + 30 min per exercise, 3 h for the capstone, each counted at the first lesson that links it:
+    # 00: 2 x 10 = 20; 05: 2 x 20 + 30 = 70 (07); 06: 2 x 60 + 180 = 300 (07 counted already, 15 the capstone)
+    assert course_map.work_minutes(course) == {"00_a.ipynb": 20, "05_ppo_vs_grpo.ipynb": 70, "06_b.ipynb": 300}
+    assert "| 1 h 10 min |" in rows[3] and "| 5 h 00 min |" in rows[4]
+    assert "To work through the course: about 6 h 30 min (5 h 20 min without lesson 05), an estimate" in estimate
+    assert "reading, not study" in estimate
 
 
 def test_a_run_time_is_read_in_seconds_and_a_lesson_that_states_none_is_named(tmp_path):
