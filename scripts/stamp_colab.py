@@ -7,8 +7,9 @@
 
 What it writes comes from pyproject.toml: the badge links to [project.urls]'s
 Repository (the one place a fork sets its URL; none set means "not published":
-the badge cell then says in one line how to open a notebook in Colab), and the
-setup cell installs `minigrpo[colab]==<[project] version>`
+the badge cell then says in one line how to open a notebook in Colab; a lesson's
+Practice section ends with a line that gives each exercise's Colab URL, or says
+how to open it where none is set), and the setup cell installs `minigrpo[colab]==<[project] version>`
 (minigrpo.course.colab_install), printing minigrpo.course.INSTALL_HELP after
 pip's last line if pip fails. tests/test_notebooks.py fails when a notebook's
 stamp drifts from pyproject.toml: after changing the version or the URL, run
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -71,6 +73,47 @@ def badge_source(repository_url: str | None, relative_path: str) -> str:
     return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(repository_url, relative_path)})"
 
 
+PRACTICE = "## Practice: graded exercises"
+COLAB_PRACTICE_LINE = re.compile(r"^\*\*In Colab:\*\* .*$", re.M)
+EXERCISE_LINK = re.compile(r"\]\(\.\./(exercises/[^)\s]+\.ipynb)\)")
+
+
+def practice_colab_line(repository_url: str | None, exercises: list[str]) -> str:
+    """The one line under a lesson's graded exercises for a reader in Colab, where a relative link to another notebook
+    does not open it: each exercise's Colab URL once the repository is published, else how to open it."""
+    if repository_url:
+        links = ", ".join(f"[exercise {Path(e).name.split('_')[0]}]({colab_url(repository_url, e)})" for e in exercises)
+        return f"**In Colab:** open {links} in Colab (the links above open the notebooks on GitHub)."
+    names = ", ".join(f"`{exercise}`" for exercise in exercises)
+    return (
+        "**In Colab:** a link to another notebook does not open it there: File > Upload notebook, then pick "
+        f"{names} from a copy of the repository."
+    )
+
+
+def stamp_practice(nb, repository_url: str | None) -> bool:
+    """Put (or refresh) the Colab line at the end of the lesson's Practice section, for the exercises it links.
+    Returns True if nb changed."""
+    index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and PRACTICE in c.source), None)
+    if index is None:
+        return False
+    cell = nb.cells[index]
+    before, practice = cell.source.split(PRACTICE, 1)
+    exercises = list(dict.fromkeys(EXERCISE_LINK.findall(practice)))
+    if not exercises:
+        return False
+    line = practice_colab_line(repository_url, exercises)
+    if COLAB_PRACTICE_LINE.search(practice):
+        practice = COLAB_PRACTICE_LINE.sub(lambda _: line, practice, count=1)
+    else:
+        practice = practice.rstrip("\n") + "\n\n" + line
+    source = before + PRACTICE + practice
+    if source == cell.source:
+        return False
+    cell.source = source
+    return True
+
+
 def install_source(colab_install: str, install_help: str) -> str:
     """The setup cell: in Colab, pip-install `colab_install`, then turn on the widget manager; if pip fails, print
     its last line and `install_help` in one line. Elsewhere: nothing."""
@@ -100,7 +143,8 @@ def _find(nb, cell_id: str) -> int | None:
 
 
 def stamp_notebook(nb, relative_path: str, repository_url: str | None, colab_install: str, install_help: str) -> bool:
-    """Put the badge first and the setup cell before the first code cell. Returns True if nb changed."""
+    """Put the badge first, the setup cell before the first code cell and, in a lesson that links graded exercises,
+    the Colab line at the end of its Practice section. Returns True if nb changed."""
     changed = False
     badge = badge_source(repository_url, relative_path)
     index = _find(nb, BADGE_ID)
@@ -133,7 +177,7 @@ def stamp_notebook(nb, relative_path: str, repository_url: str | None, colab_ins
     if cell.outputs or cell.execution_count is not None:
         cell.outputs, cell.execution_count = [], None
         changed = True
-    return changed
+    return stamp_practice(nb, repository_url) | changed
 
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"

@@ -157,6 +157,26 @@ def test_stamping_is_idempotent_and_follows_a_new_version_and_url(tmp_path):
     assert 'PACKAGE = "minigrpo[colab]==1.3.0"' in nb.cells[2].source
 
 
+def test_a_lessons_practice_section_says_how_to_open_its_exercises_in_colab():
+    links = "- [Exercise 03](../exercises/03_x.ipynb)\n- [Exercise 11](../exercises/11_y.ipynb)"
+    practice = f"{stamp_colab.PRACTICE}\n\n{links}"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1"), nbformat.v4.new_markdown_cell(practice)])
+    stamp = ["minigrpo[colab]==1.2.0", INSTALL_HELP]
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", None, *stamp)
+    unpublished = nb.cells[-1].source.splitlines()[-1]
+    assert unpublished.startswith("**In Colab:**") and "Upload notebook" in unpublished
+    assert "`exercises/03_x.ipynb`, `exercises/11_y.ipynb`" in unpublished
+    assert not stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", None, *stamp)  # idempotent
+    assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", "https://github.com/someone/fork", *stamp)
+    published = nb.cells[-1].source.splitlines()
+    assert published[-1] == (
+        "**In Colab:** open [exercise 03](https://colab.research.google.com/github/someone/fork/blob/main/exercises/"
+        "03_x.ipynb), [exercise 11](https://colab.research.google.com/github/someone/fork/blob/main/exercises/"
+        "11_y.ipynb) in Colab (the links above open the notebooks on GitHub)."
+    )
+    assert sum(line.startswith("**In Colab:**") for line in published) == 1  # the line replaced, not added again
+
+
 def test_the_stamp_comes_from_pyprojects_version_and_url():
     published = '[project]\nversion = "1.2.0"\n[project.urls]\nRepository = "https://github.com/a/b"\n'
     assert stamp_colab.course_constants(published) == ("https://github.com/a/b", "minigrpo[colab]==1.2.0", INSTALL_HELP)
