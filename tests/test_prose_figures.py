@@ -186,7 +186,7 @@ def test_the_scanner_by_hand():
 # Inline code that is a requirement or an argument (`torch>=2.4,<2.15`, `--seed 1`) holds versions, not figures.
 README_FIGURES = {
     "0.430": "lesson 06",  # the tiny Qwen's held-out accuracy before training
-    "0.750": "python -m minigrpo train",  # after the default run (the summary's first line)
+    "0.755": "python -m minigrpo train",  # after the default run (the summary's first line), with 1 or 2 threads
     "0.875": "lesson 03",  # the worked example's mean reward
     # the performance table: one run of the bench, its step medians and peak memory (docs/performance.md)
     **dict.fromkeys(
