@@ -9,6 +9,10 @@ How a notebook is graded, and why its score can be trusted
    read as a notebook (`minigrpo.grading.sandbox.limits`); anything else named *.ipynb (a
    symbolic link out of the folder too) scores 0 as unreadable, with the reason,
    and a file that does not parse is reported by its error's type, never its bytes.
+   Of a notebook that parses it keeps the exercise's stamp and each cell's type
+   and source (`kept`): a cell without a type, or whose source is not text, makes
+   the notebook unreadable, and the outputs, execution counts and metadata saved
+   in it are never read (an error saved in a cell that never runs is not the run's).
 2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
    metadata, else its file name, else the checks it calls. The exercise's checks
    and maximum are what it is graded on: a check of the exercise that the notebook
@@ -95,7 +99,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minigrpo.grading.cells import python_of
-from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, identify, owner
+from minigrpo.grading.exercises import EXERCISES, METADATA_KEY, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import (
     CASES,
     GRADING_RUN_ENV,
@@ -502,17 +506,66 @@ def _limit_words(limit: float, exercise: str | None, explicit: bool) -> str:
 
 
 def _read(path: Path, folder: Path | None = None):
-    """(the notebook, None), or (None, why it cannot be read): the error's type, never what the file holds."""
+    """(the notebook as the grader keeps it, None), or (None, why it cannot be read): the error's type or the first
+    cell that is not a cell, never what the file holds."""
     import nbformat  # lazy, like the kernels module: an optional dependency
 
     try:
-        return nbformat.reads(read_notebook(path, folder), as_version=4), None
+        text = read_notebook(path, folder)
     except NotebookRefused as refused:
         return None, f"cannot read {printable(str(path))}: {refused}"
+    try:
+        # not nbformat.reads: it only logs (quoting the file) what breaks Jupyter's schema, which kept() says
+        parsed = nbformat.convert(nbformat.reader.reads(text), 4)
     except Exception as error:  # this notebook scores 0; the others are still graded
         # nbformat's messages quote the file's text: the type is enough to say what to fix
         reason = f"{type(error).__name__}: not a notebook in Jupyter's format (JSON, nbformat 4)"
         return None, f"cannot read {printable(str(path))}: {reason}"
+    try:
+        return kept(parsed), None
+    except NotANotebook as problem:
+        return None, f"cannot read {printable(str(path))}: {problem}"
+
+
+class NotANotebook(ValueError):
+    """A parsed notebook that the grader cannot read as one: the message names the first part that is wrong."""
+
+
+_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "a list"}
+
+
+def kept(nb):
+    """What the grader keeps of a parsed notebook: its exercise's stamp, and each cell's type and source.
+
+    Nothing else a learner saved is read: not the saved outputs (an error in a cell that never runs in the grader
+    is not the notebook's error), not the execution counts, not the cells' metadata. Raises NotANotebook for the
+    first cell that is not a cell (no cell_type, a source that is not text).
+    """
+    import nbformat
+
+    metadata = nb.get("metadata") if isinstance(nb.get("metadata"), dict) else {}
+    cells = nb.get("cells")
+    if not isinstance(cells, list):
+        raise NotANotebook("its cells are not a list: not a notebook in Jupyter's format (JSON, nbformat 4)")
+    v4 = nbformat.v4
+    new_cell = {"code": v4.new_code_cell, "markdown": v4.new_markdown_cell, "raw": v4.new_raw_cell}
+    clean = []
+    for index, cell in enumerate(cells):
+        if not isinstance(cell, dict):
+            raise NotANotebook(f"cell {index} is not a cell (a JSON object)")
+        if "cell_type" not in cell:
+            raise NotANotebook(f"cell {index} has no cell_type")
+        kind = cell["cell_type"]
+        if not isinstance(kind, str) or kind not in new_cell:
+            raise NotANotebook(f"cell {index}'s cell_type is none of code, markdown and raw")
+        if "source" not in cell:
+            raise NotANotebook(f"cell {index} has no source")
+        source = cell["source"]
+        if not isinstance(source, str):
+            raise NotANotebook(f"cell {index}'s source is not text ({_JSON_TYPES.get(type(source), 'null')})")
+        clean.append(new_cell[kind](source))
+    stamp = {METADATA_KEY: metadata[METADATA_KEY]} if METADATA_KEY in metadata else {}
+    return v4.new_notebook(cells=clean, metadata=stamp)
 
 
 def _identified_report(submission: Submission, nb, timeout: float | None) -> NotebookReport:

@@ -1,0 +1,76 @@
+"""A notebook costs only its own points: a malformed or crafted notebook is unreadable, with the reason, and the
+class's grading goes on.
+
+Each notebook here is built by hand, as JSON, the way a learner's editor (or a learner) could leave it, and read and
+graded in this process: none of them starts a kernel.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minigrpo.grading.reports.gradebook import grade_command
+from minigrpo.grading.runner import _read
+
+
+def code(source, **fields) -> dict:
+    """A code cell as nbformat 4 writes it, with `fields` replaced; a field given as None is left out."""
+    cell = {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source, **fields}
+    return {key: value for key, value in cell.items() if fields.get(key, "") is not None}
+
+
+def notebook_json(*cells: dict, metadata: dict | None = None) -> str:
+    return json.dumps({"nbformat": 4, "nbformat_minor": 4, "metadata": metadata or {}, "cells": list(cells)})
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+NOT_CELLS = {
+    "source_number": (code(5), "cell 1's source is not text (a number)"),
+    "source_null": (code(None), "cell 1's source is not text (null)"),
+    "no_cell_type": (code("x = 1", cell_type=None), "cell 1 has no cell_type"),
+}
+"""A cell that is not a cell (nbformat reads each of these, and only logs that it breaks the schema): the second
+cell of its notebook, and the reason the notebook is unreadable."""
+
+
+@pytest.mark.parametrize("case", sorted(NOT_CELLS))
+def test_a_cell_that_is_not_a_cell_makes_its_notebook_unreadable(tmp_path, case):
+    cell, reason = NOT_CELLS[case]
+    path = write(tmp_path, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+    nb, why = _read(path, tmp_path)
+    assert nb is None and why == f"cannot read {path}: {reason}"
+
+
+def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
+    """Every notebook here is unreadable or calls no check: no kernel starts."""
+    folder = tmp_path / "class"
+    for student, (cell, _) in NOT_CELLS.items():
+        write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+    assert grade_command(str(folder), as_json=True) == 0
+    report = json.loads(capsys.readouterr().out)
+    graded = {n["student"]: n for n in report["notebooks"]}
+    assert sorted(graded) == sorted(NOT_CELLS)
+    for student, notebook in graded.items():
+        assert (notebook["status"], notebook["points"], notebook["max_points"]) == ("unreadable", 0, 3)
+        reason = NOT_CELLS[student][1]
+        path = folder / student / "05_kl_k3_estimator.ipynb"
+        assert notebook["errors"][0].startswith(f"cannot read {path}: {reason}")
+
+
+SAVED_ERROR = {"output_type": "error", "evalue": "saved by the learner", "traceback": []}  # no ename
+KILLS_ITS_KERNEL = "import os\nos._exit(0)"
+
+
+def test_what_a_notebook_saved_besides_its_cells_is_never_read(tmp_path):
+    saved = code("1 / 0", execution_count=7, outputs=[SAVED_ERROR], metadata={"tags": 5})
+    path = write(tmp_path, "05_kl_k3_estimator.ipynb", notebook_json(code(KILLS_ITS_KERNEL), saved))
+    nb, why = _read(path, tmp_path)
+    assert why is None and [cell.source for cell in nb.cells] == [KILLS_ITS_KERNEL, "1 / 0"]
+    assert all(cell.outputs == [] and cell.execution_count is None and cell.metadata == {} for cell in nb.cells)
