@@ -48,18 +48,40 @@ def test_a_cell_that_is_not_a_cell_makes_its_notebook_unreadable(tmp_path, case)
     assert nb is None and why == f"cannot read {path}: {reason}"
 
 
+TOO_DEEP = {
+    "nested_minus": "-" * 10_000 + "1",  # MemoryError: the parser's stack
+    "long_sum": "+".join(["1"] * 10_000),  # RecursionError: the syntax tree's depth
+}
+"""A cell of about 10-20 kB that Python's parser cannot read at the grader's recursion limit. A kernel whose limit the
+learner raised might run the second, so the grader cannot say what either cell runs."""
+
+
+@pytest.mark.parametrize("case", sorted(TOO_DEEP))
+def test_a_cell_nested_too_deeply_for_the_parser_makes_its_notebook_unreadable(tmp_path, case):
+    cell = code("check_kl_k3(kl_k3)\n" + TOO_DEEP[case])
+    path = write(tmp_path, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+    nb, why = _read(path, tmp_path)
+    error = {"nested_minus": "MemoryError", "long_sum": "RecursionError"}[case]
+    assert nb is None and why == (
+        f"cannot read {path}: cell 1 is nested too deeply for the grader to read ({error} in Python's parser): "
+        "write its expressions in steps"
+    )
+
+
 def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
     """Every notebook here is unreadable or calls no check: no kernel starts."""
     folder = tmp_path / "class"
     for student, (cell, _) in NOT_CELLS.items():
         write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+    for student, source in TOO_DEEP.items():
+        write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("check_kl_k3(kl_k3)\n" + source)))
     assert grade_command(str(folder), as_json=True) == 0
     report = json.loads(capsys.readouterr().out)
     graded = {n["student"]: n for n in report["notebooks"]}
-    assert sorted(graded) == sorted(NOT_CELLS)
+    assert sorted(graded) == sorted([*NOT_CELLS, *TOO_DEEP])
     for student, notebook in graded.items():
         assert (notebook["status"], notebook["points"], notebook["max_points"]) == ("unreadable", 0, 3)
-        reason = NOT_CELLS[student][1]
+        reason = NOT_CELLS[student][1] if student in NOT_CELLS else "cell 0 is nested too deeply"
         path = folder / student / "05_kl_k3_estimator.ipynb"
         assert notebook["errors"][0].startswith(f"cannot read {path}: {reason}")
 

@@ -10,9 +10,10 @@ How a notebook is graded, and why its score can be trusted
    symbolic link out of the folder too) scores 0 as unreadable, with the reason,
    and a file that does not parse is reported by its error's type, never its bytes.
    Of a notebook that parses it keeps the exercise's stamp and each cell's type
-   and source (`kept`): a cell without a type, or whose source is not text, makes
-   the notebook unreadable, and the outputs, execution counts and metadata saved
-   in it are never read (an error saved in a cell that never runs is not the run's).
+   and source (`kept`): a cell without a type, whose source is not text, or whose
+   code is nested too deeply for the grader's parser, makes the notebook
+   unreadable, and the outputs, execution counts and metadata saved in it are
+   never read (an error saved in a cell that never runs is not the run's).
 2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
    metadata, else its file name, else the checks it calls. The exercise's checks
    and maximum are what it is graded on: a check of the exercise that the notebook
@@ -98,7 +99,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.grading.cells import python_of
+from minigrpo.grading.cells import TooDeep, python_of
 from minigrpo.grading.exercises import EXERCISES, METADATA_KEY, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import (
     CASES,
@@ -539,7 +540,8 @@ def kept(nb):
 
     Nothing else a learner saved is read: not the saved outputs (an error in a cell that never runs in the grader
     is not the notebook's error), not the execution counts, not the cells' metadata. Raises NotANotebook for the
-    first cell that is not a cell (no cell_type, a source that is not text).
+    first cell that is not a cell (no cell_type, a source that is not text), or whose code is nested too deeply for
+    the grader to read what it runs (`cells.TooDeep`).
     """
     import nbformat
 
@@ -563,6 +565,13 @@ def kept(nb):
         source = cell["source"]
         if not isinstance(source, str):
             raise NotANotebook(f"cell {index}'s source is not text ({_JSON_TYPES.get(type(source), 'null')})")
+        try:
+            if kind == "code":
+                python_of(source)  # read here only to know that it can be
+        except TooDeep as error:
+            raise NotANotebook(
+                f"cell {index} is nested too deeply for the grader to read ({error}): write its expressions in steps"
+            ) from None
         clean.append(new_cell[kind](source))
     stamp = {METADATA_KEY: metadata[METADATA_KEY]} if METADATA_KEY in metadata else {}
     return v4.new_notebook(cells=clean, metadata=stamp)
