@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from minigrpo import __version__
+from minigrpo.grading.exercises import EXERCISES, identify
 from minigrpo.grading.reports.gradebook import grade_command
 from minigrpo.grading.runner import _read
 
@@ -68,6 +70,15 @@ def test_a_cell_nested_too_deeply_for_the_parser_makes_its_notebook_unreadable(t
     )
 
 
+@pytest.mark.parametrize("stamp", [{"exercise": ["05_kl_k3_estimator"]}, {"exercise": {"id": 5}}, ["05"]])
+def test_a_stamp_that_names_no_exercises_id_is_ignored_with_a_note(stamp):
+    identity = identify({"minigrpo": stamp}, "05_kl_k3_estimator.ipynb", [], __version__)
+    assert (identity.exercise, identity.by, identity.refusal) == (EXERCISES["05_kl_k3_estimator"], "file name", None)
+    assert identity.warnings == [
+        "its metadata's stamp names no exercise's id (it is not the stamp scripts/make_exercises.py writes): ignored"
+    ]
+
+
 def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
     """Every notebook here is unreadable or calls no check: no kernel starts."""
     folder = tmp_path / "class"
@@ -75,9 +86,14 @@ def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
         write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
     for student, source in TOO_DEEP.items():
         write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("check_kl_k3(kl_k3)\n" + source)))
+    listed = {"nbformat": 4, "nbformat_minor": 4, "cells": [], "metadata": {"minigrpo": {"exercise": ["05"]}}}
+    write(folder / "listed", "mine.ipynb", json.dumps(listed))  # names no exercise, calls no check: runs nothing
     assert grade_command(str(folder), as_json=True) == 0
     report = json.loads(capsys.readouterr().out)
     graded = {n["student"]: n for n in report["notebooks"]}
+    listed = graded.pop("listed")
+    assert (listed["status"], listed["exercise"], listed["checks"]) == ("ok", None, [])
+    assert "its metadata's stamp names no exercise's id" in listed["notes"][0]
     assert sorted(graded) == sorted([*NOT_CELLS, *TOO_DEEP])
     for student, notebook in graded.items():
         assert (notebook["status"], notebook["points"], notebook["max_points"]) == ("unreadable", 0, 3)

@@ -22,7 +22,8 @@ package's version (`Exercise.stamp`)::
 `identify` reads, in order: that stamp (a renamed copy, "Copy of 02_...ipynb" or "02_... (1).ipynb", keeps it);
 the file name (an exercise's id in it, or its number first: "02_mine.ipynb"); the checks the notebook calls, when
 they all belong to one exercise. A notebook that none of these names is graded on the checks it calls, and stays
-out of the gradebook.
+out of the gradebook. A stamp whose exercise is not an id (a list, a number) is not the one make_exercises writes:
+it is ignored, with a note, as a stamp of an exercise this version does not have is.
 
 A stamp from another version of the package is the handout of that version. When the exercise's checks (their names
 and points) and its `revision` are the same in both, it is graded, with a warning that names both versions; when
@@ -152,9 +153,10 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
     version: the grader's package version.
     """
     stamp = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    stamped = stamp.get("exercise") if isinstance(stamp, dict) else None
     named = from_file_name(path)
-    if isinstance(stamp, dict) and stamp.get("exercise") in EXERCISES:
-        identity = Identity(EXERCISES[stamp["exercise"]], "metadata", str(stamp.get("version") or "") or None)
+    if isinstance(stamped, str) and stamped in EXERCISES:
+        identity = Identity(EXERCISES[stamped], "metadata", str(stamp.get("version") or "") or None)
         if named is not None and named is not identity.exercise:
             identity.warnings.append(
                 f"its file name says exercise {named.id} but its metadata says {identity.exercise.id}: "
@@ -163,9 +165,12 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
         _version_contract(identity, stamp, version)
         return identity
     warnings = []
-    if isinstance(stamp, dict):
+    if isinstance(stamped, str):
+        warnings.append(f"its metadata names exercise {stamped[:100]!r}, which minigrpo {version} does not have")
+    elif stamp is not None:  # a list, say, where make_exercises writes an exercise's id
         warnings.append(
-            f"its metadata names exercise {stamp.get('exercise')!r}, which minigrpo {version} does not have"
+            "its metadata's stamp names no exercise's id (it is not the stamp scripts/make_exercises.py writes): "
+            "ignored"
         )
     if named is not None:
         return Identity(named, "file name", warnings=warnings)
