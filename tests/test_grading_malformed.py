@@ -1,14 +1,21 @@
 """A notebook costs only its own points: a malformed or crafted notebook is unreadable, with the reason, and the
 class's grading goes on.
 
-Each notebook here is built by hand, as JSON, the way a learner's editor (or a learner) could leave it, and read and
-graded in this process: none of them starts a kernel.
+Each notebook here is built by hand, as JSON, the way a learner's editor (or a learner) could leave it. The unit
+tests read and grade the ones that start no kernel, in this process; one run of `python -m minigrpo grade`, with
+every output asked for, grades a class holding all of them beside two honest notebooks of exercise 02 (the cheapest
+exercise to judge), two notebooks at a time.
 """
 
+import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import nbformat
 import pytest
+from test_grading_class import CHECK_GRPO, CHECK_RLOO, EXERCISE, GRPO, IMPORTS, NAME, RLOO, notebook
 
 from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES, identify
@@ -95,11 +102,11 @@ def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
     assert (listed["status"], listed["exercise"], listed["checks"]) == ("ok", None, [])
     assert "its metadata's stamp names no exercise's id" in listed["notes"][0]
     assert sorted(graded) == sorted([*NOT_CELLS, *TOO_DEEP])
-    for student, notebook in graded.items():
-        assert (notebook["status"], notebook["points"], notebook["max_points"]) == ("unreadable", 0, 3)
+    for student, report in graded.items():
+        assert (report["status"], report["points"], report["max_points"]) == ("unreadable", 0, 3)
         reason = NOT_CELLS[student][1] if student in NOT_CELLS else "cell 0 is nested too deeply"
         path = folder / student / "05_kl_k3_estimator.ipynb"
-        assert notebook["errors"][0].startswith(f"cannot read {path}: {reason}")
+        assert report["errors"][0].startswith(f"cannot read {path}: {reason}")
 
 
 SAVED_ERROR = {"output_type": "error", "evalue": "saved by the learner", "traceback": []}  # no ename
@@ -112,3 +119,76 @@ def test_what_a_notebook_saved_besides_its_cells_is_never_read(tmp_path):
     nb, why = _read(path, tmp_path)
     assert why is None and [cell.source for cell in nb.cells] == [KILLS_ITS_KERNEL, "1 / 0"]
     assert all(cell.outputs == [] and cell.execution_count is None and cell.metadata == {} for cell in nb.cells)
+
+
+# --- a class of them, with two honest notebooks, graded from the command line ----------------------------------
+PRESETS_THE_JUDGES_FOLDER = 'import os\nos.makedirs(os.path.join(os.environ["TMPDIR"], os.pardir, "judge"))'
+
+
+@pytest.fixture(scope="module")
+def class_run(tmp_path_factory):
+    """Every notebook above in one class folder (a folder per student), beside ann's and ben's honest notebooks of
+    exercise 02, graded once with every output asked for: (exit code, {student: report}, stderr, the outputs' folder).
+
+    Four notebooks start a kernel: the two honest ones, one that makes the folder its judge will use (from the TMPDIR
+    its kernel is given) and then answers right, and one whose kernel exits before its cell with a saved error runs.
+    """
+    home = tmp_path_factory.mktemp("malformed")
+    folder, out = home / "class", home / "out"
+    out.mkdir()
+    honest = notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=EXERCISE.stamp(__version__))
+    for student in ("ann", "ben"):
+        write(folder / student, NAME, nbformat.writes(honest))
+    presets = notebook(PRESETS_THE_JUDGES_FOLDER, IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO)
+    write(folder / "presets", NAME, nbformat.writes(presets))
+    saved = code(CHECK_GRPO, outputs=[SAVED_ERROR], execution_count=3)
+    write(folder / "dies", NAME, notebook_json(code(IMPORTS + GRPO), code(KILLS_ITS_KERNEL), saved))
+    for student, (cell, _) in NOT_CELLS.items():
+        write(folder / student, NAME, notebook_json(code("x = 1"), cell))
+    for student, source in TOO_DEEP.items():
+        write(folder / student, NAME, notebook_json(code(CHECK_GRPO + "\n" + source)))
+    listed = {"nbformat": 4, "nbformat_minor": 4, "cells": [], "metadata": {"minigrpo": {"exercise": [NAME]}}}
+    write(folder / "listed", NAME, json.dumps(listed))
+    command = [sys.executable, "-m", "minigrpo", "grade", str(folder), "--json", "--jobs", "2", "--timeout", "90"]
+    command += ["--csv", str(out / "grades.csv"), "--checks-csv", str(out / "checks.csv")]
+    command += ["--feedback", str(out / "feedback"), "--gradescope", str(out / "results.json")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    reports = {n["student"]: n for n in json.loads(result.stdout)["notebooks"]} if result.stdout else {}
+    return result.returncode, reports, result.stderr, out
+
+
+def test_a_class_with_every_malformed_notebook_is_graded_and_the_honest_notebooks_in_full(class_run):
+    exit_code, reports, stderr, _ = class_run
+    assert exit_code == 0, stderr
+    for student in ("ann", "ben"):
+        assert (reports[student]["status"], reports[student]["points"], reports[student]["max_points"]) == ("ok", 6, 6)
+    unreadable = [*NOT_CELLS, *TOO_DEEP]
+    assert all(
+        (reports[s]["status"], reports[s]["points"], reports[s]["max_points"]) == ("unreadable", 0, 6)
+        for s in unreadable
+    )
+    assert (reports["listed"]["status"], reports["listed"]["points"]) == ("ok", 0)  # known by its file name
+
+
+def test_a_notebook_that_makes_its_judges_folder_first_is_judged_all_the_same(class_run):
+    _, reports, _, _ = class_run
+    presets = reports["presets"]
+    assert (presets["status"], presets["points"], presets["errors"]) == ("ok", 6, [])
+
+
+def test_an_error_saved_in_a_cell_that_never_ran_is_not_reported(class_run):
+    _, reports, _, _ = class_run
+    dies = reports["dies"]
+    assert (dies["status"], dies["points"], dies["max_points"]) == ("kernel died", 0, 6)
+    assert "saved by the learner" not in json.dumps(dies)
+
+
+def test_every_output_asked_for_is_written(class_run):
+    _, reports, _, out = class_run
+    with open(out / "grades.csv", newline="") as f:
+        rows = {row["student"]: row for row in csv.DictReader(f)}
+    assert sorted(rows) == sorted(reports) and rows["ann"]["total"] == "6"
+    checks = (out / "checks.csv").read_text()
+    assert checks.count("\n") > len(reports)
+    assert sorted(p.stem for p in (out / "feedback").iterdir()) == sorted(reports)
+    assert json.loads((out / "results.json").read_text())["tests"]

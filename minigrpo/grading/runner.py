@@ -394,7 +394,8 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
     records, authenticated. The judge ends its last case JUDGE_MARGIN_S before the deadline, when it is killed."""
     key = secrets.token_bytes(32)
     connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
-    (folder / "judge").mkdir()
+    # a new name: the kernel knows the notebook's folder (its TMPDIR is in it) and may have made any name there
+    exchange = tempfile.mkdtemp(prefix="judge-", dir=folder)
     budget = judge_budget(checks, deadline - time.monotonic())
     request = {
         "key": key.hex(),
@@ -403,7 +404,7 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
         "cells": [cell.source if cell.cell_type == "code" else "" for cell in nb.cells],
         "connection": connection,
         "kernel_pid": kernel_pid,
-        "workdir": str(folder / "judge"),  # request and response files, exchanged with the kernel
+        "workdir": exchange,  # request and response files, exchanged with the kernel
         "deadline": time.time() + budget - JUDGE_MARGIN_S,  # wall clock: the judge's own start-up counts
     }
     process = await asyncio.create_subprocess_exec(
