@@ -192,3 +192,32 @@ def test_every_output_asked_for_is_written(class_run):
     assert checks.count("\n") > len(reports)
     assert sorted(p.stem for p in (out / "feedback").iterdir()) == sorted(reports)
     assert json.loads((out / "results.json").read_text())["tests"]
+
+
+def test_an_error_no_rule_foresaw_costs_its_notebook_only(tmp_path, capsys, monkeypatch):
+    """A notebook on which the grader itself raises (here: its reading of the checks a notebook calls, made to fail on
+    one notebook) is unreadable, with the error's type, and the class's grading goes on. No kernel starts."""
+    from minigrpo.grading import runner
+
+    folder = tmp_path / "class"
+    write(folder / "ann", "05_kl_k3_estimator.ipynb", notebook_json(code("unforeseen")))
+    write(folder / "ben", "mine.ipynb", notebook_json(code("x = 1")))  # no exercise, no check: nothing to run
+    expected_checks = runner.expected_checks
+
+    def fails_on_one(nb):
+        if nb.cells and nb.cells[0].source == "unforeseen":
+            raise RuntimeError("a case the grader did not foresee")
+        return expected_checks(nb)
+
+    monkeypatch.setattr(runner, "expected_checks", fails_on_one)
+    assert grade_command(str(folder), as_json=True) == 0
+    reports = {n["student"]: n for n in json.loads(capsys.readouterr().out)["notebooks"]}
+    ann, ben = reports["ann"], reports["ben"]
+    assert (ann["status"], ann["exercise"], ann["points"], ann["max_points"]) == (
+        "unreadable",
+        "05_kl_k3_estimator",
+        0,
+        3,
+    )
+    assert "the grader failed on it (RuntimeError)" in ann["errors"][0] and "foresee" not in json.dumps(ann)
+    assert ben["status"] == "ok"

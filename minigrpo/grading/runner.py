@@ -44,7 +44,8 @@ How a notebook is graded, and why its score can be trusted
    runner and the judge know). A record for a check the judge was not asked for,
    with points above the check's maximum, or malformed, is rejected: that check
    scores 0 with the reason. A notebook that cannot be read, times out, kills
-   its kernel or breaks its judge scores 0 on its own checks only.
+   its kernel or breaks its judge scores 0 on its own checks only, and so does
+   one on which the grader itself raises an error no rule foresaw (`_unforeseen`).
 6. Clean up, however grading ends: every process with the kernel's SID, and
    every process carrying the token, is killed (`minigrpo.grading.sandbox.processes`),
    and the notebook's folder (connection file included) is removed.
@@ -624,6 +625,19 @@ async def _grade_notebook(
     return report
 
 
+def _unforeseen(submission: Submission, timeout: float | None, error: Exception) -> NotebookReport:
+    """The report of a notebook whose grading raised an error no rule of the grader foresaw: unreadable, 0 of its
+    exercise's maximum (the exercise its file name names), with the error's type (its message may quote the file)."""
+    report = _identified_report(submission, None, timeout)
+    report.status = "unreadable"
+    report.errors.append(
+        f"cannot grade {printable(str(submission.path))}: the grader failed on it ({type(error).__name__}), "
+        "which is the grader's mistake: the notebook scores 0, the others are graded"
+    )
+    collect(None, {}, report)
+    return report
+
+
 async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrupts, started, limit_words) -> list:
     """Run the notebook's cells in a kernel, then judge `checks` on it, all within report.time_limit; the records."""
     from nbclient.exceptions import DeadKernelError
@@ -758,6 +772,10 @@ async def _grade_all(submissions, timeout, jobs: int, workdir: Path, interrupts,
             running[index] = (submission, time.monotonic())
             try:
                 report = await _grade_notebook(submission, timeout, jobs, workdir, interrupts)
+            except GradingError:  # no kernel starts: no notebook can be graded
+                raise
+            except Exception as error:  # a notebook no rule foresaw costs its own points, never the class's grading
+                report = _unforeseen(submission, timeout, error)
             finally:
                 running.pop(index, None)
             finished.append(index)
