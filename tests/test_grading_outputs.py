@@ -21,6 +21,7 @@ from minigrpo.__main__ import main
 from minigrpo.grading import run_check
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.reports.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradescope import exercise_ids, results, write_autograder
 from minigrpo.grading.runner import NOT_FOUND, NotebookReport
 
@@ -116,6 +117,30 @@ def test_feedback_file_names_are_plain_and_never_collide():
     taken = set()
     names = [feedback_file_name(s, taken) for s in ["a b", "a_b", "A_B", "../x", ".hidden", "é"]]
     assert names == ["a_b.md", "a_b-2.md", "A_B-3.md", "_x.md", "hidden.md", "_.md"]
+
+
+# --- every output, whole or not at all --------------------------------------------------------------------------
+def test_an_output_stopped_while_it_is_written_leaves_the_file_it_replaces(reports, tmp_path, monkeypatch):
+    """Ctrl-C while the gradebook's second row is made, and a text that cannot be written at all: each time the path
+    holds the gradebook it held before, and nothing else is left in its folder."""
+    from minigrpo.grading.reports import gradebook
+
+    path = tmp_path / "grades.csv"
+    path.write_text("the last gradebook\n")
+    printable = gradebook.printable
+
+    def interrupted(text: str) -> str:
+        if text == "ben":
+            raise KeyboardInterrupt
+        return printable(text)
+
+    monkeypatch.setattr(gradebook, "printable", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gradebook.write_gradebook(reports, path)
+    assert path.read_text() == "the last gradebook\n" and os.listdir(tmp_path) == ["grades.csv"]
+    with pytest.raises(UnicodeEncodeError):
+        write_text(path, "a lone surrogate, \udce9, fails as it is written")
+    assert path.read_text() == "the last gradebook\n" and os.listdir(tmp_path) == ["grades.csv"]
 
 
 # --- Gradescope's results.json -------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import CaseResult, CheckResult, format_check, format_points
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradebook import StudentGrade, class_grades
 from minigrpo.grading.runner import NotebookReport
 from minigrpo.grading.sandbox.limits import printable
@@ -109,7 +110,8 @@ def feedback_file_name(student: str, taken: set[str]) -> str:
 
 
 def write_feedback(reports: Sequence[NotebookReport], folder: str | Path) -> dict[str, Path]:
-    """One Markdown file per student in `folder` (made if missing): {student: the file written}."""
+    """One Markdown file per student in `folder` (made if missing), each whole or not at all (`files.write_text`):
+    {student: the file written}."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     grades = class_grades(list(reports))
@@ -117,6 +119,6 @@ def write_feedback(reports: Sequence[NotebookReport], folder: str | Path) -> dic
     for grade in grades.students:
         theirs = [r for r in reports if r.student == grade.student]
         path = folder / feedback_file_name(grade.student, taken)
-        path.write_text(feedback_markdown(grade, grades.exercises, theirs), encoding="utf-8")
+        write_text(path, feedback_markdown(grade, grades.exercises, theirs))
         written[grade.student] = path
     return written

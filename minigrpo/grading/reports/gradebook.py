@@ -28,6 +28,8 @@ What the command writes
 - --checks-csv FILE: one row per notebook and check (CHECK_COLUMNS), for the detail.
 - --feedback DIR, --gradescope FILE: a Markdown file per student (`feedback`), Gradescope's results.json for one
   submission (`gradescope`); the CLI hands them to `grade_command` as `writers`.
+
+Each file is written whole or not at all (`files.write_text`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.runner import (
     GradingError,
     GradingInterrupted,
@@ -262,19 +265,22 @@ def check_rows(reports: list[NotebookReport]) -> list[dict]:
 
 
 def write_rows(rows: list[dict], columns: Sequence[str], path: str | Path) -> None:
-    """`rows` to a CSV file. A text a learner made is written escaped (`limits.printable`), and one that a
-    spreadsheet would run as a formula (=, +, -, @ first) starts with an apostrophe."""
+    """`rows` to a CSV file, whole or not at all (`files.write_text`). A text a learner made is written escaped
+    (`limits.printable`), and one that a spreadsheet would run as a formula (=, +, -, @ first) starts with an
+    apostrophe."""
     import csv
+    import io
 
     def cell(value):
         text = printable(str(value)) if isinstance(value, str) else value
         return "'" + text if isinstance(text, str) and text[:1] in ("=", "+", "-", "@") else text
 
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: cell(value) for key, value in row.items()})
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: cell(value) for key, value in row.items()})
+    write_text(path, text.getvalue(), newline="")
 
 
 def write_gradebook(reports: list[NotebookReport], path: str | Path) -> None:

@@ -38,6 +38,7 @@ from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points, max_points
 from minigrpo.grading.reports.feedback import check_text
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradebook import class_grades
 from minigrpo.grading.runner import NotebookReport
 from minigrpo.grading.sandbox.limits import printable
@@ -119,10 +120,8 @@ def results(reports: Sequence[NotebookReport], exercises: Sequence[str] = (), se
 
 
 def write_results(reports: Sequence[NotebookReport], path: str | Path, exercises: Sequence[str] = (), seconds=0.0):
-    """results.json (`results`) to `path`, its folder made if missing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results(reports, exercises, seconds), indent=1) + "\n", encoding="utf-8")
+    """results.json (`results`) to `path`, whole or not at all (`files.write_text`), its folder made if missing."""
+    write_text(path, json.dumps(results(reports, exercises, seconds), indent=1) + "\n")
 
 
 # --- the autograder zip -----------------------------------------------------------------------------------
