@@ -29,7 +29,8 @@ What the command writes
 - --feedback DIR, --gradescope FILE: a Markdown file per student (`feedback`), Gradescope's results.json for one
   submission (`gradescope`); the CLI hands them to `grade_command` as `writers`.
 
-Each file is written whole or not at all (`files.write_text`).
+Each file is written whole or not at all (`files.write_text`), its folder made if missing; the CLI checks every
+output path before grading starts (`minigrpo.__main__.check_grade_outputs`).
 """
 
 from __future__ import annotations
