@@ -18,6 +18,7 @@ The rest are unit tests of the pieces, without a kernel.
 """
 
 import asyncio
+import gc
 import io
 import json
 import os
@@ -34,7 +35,7 @@ import pytest
 from minigrpo.grading import NotebookReport, format_scores
 from minigrpo.grading.runner import say
 from minigrpo.grading.sandbox.limits import MAX_NOTEBOOK_BYTES, NotebookRefused, OutputBudget, printable, read_notebook
-from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command
+from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command, kill_leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 RIGHT = "def kl_k3(logps, ref):\n    log_r = ref - logps\n    return log_r.exp() - log_r - 1"
@@ -279,6 +280,36 @@ def test_interrupts_cancel_the_grading_task_and_restore_the_handlers(signum):
             asyncio.run(grading(interrupts))
     assert (interrupts.signal, interrupts.name, cleaned_up) == (signum, signal.Signals(signum).name, [True])
     assert signal.getsignal(signum) is before
+
+
+def test_a_cell_cancelled_by_an_interrupt_leaves_no_task_that_fails_once_its_kernel_is_stopped(tmp_path):
+    """nbclient leaves its poll of the kernel running when the cell it watches is cancelled (the grader's answer to
+    SIGINT and SIGTERM); its next look at the stopped client failed, and asyncio printed "Task exception was never
+    retrieved ... AssertionError" under the command's last lines. One kernel, one cell cancelled as it runs."""
+    from minigrpo.grading.sandbox import kernels
+
+    async def cancel_a_running_cell() -> list[str]:
+        loop_errors = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context["message"]))
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(60)")])
+        client = kernels.grading_client(nb, tmp_path, tmp_path, 120)
+        kernel_pid = await kernels.start_kernel(client, dict(os.environ))
+        try:
+            await client.async_start_new_kernel_client()
+            cell = asyncio.create_task(client.async_execute_cell(nb.cells[0], 0, execution_count=1))
+            await asyncio.sleep(1.5)  # the cell runs, and nbclient polls the kernel every second
+            cell.cancel()
+            await asyncio.gather(cell, return_exceptions=True)  # nbclient says DeadKernelError
+            del cell  # its error's traceback holds nbclient's frames, and so the poll
+        finally:  # as the runner cleans up after a signal
+            kill_leftovers(kernel_pid, "MINIGRPO_TEST_UNUSED", "none")
+            await kernels.stop_kernel(client)
+        await asyncio.sleep(1.5)  # the poll's next look, had it been left running
+        gc.collect()  # a task is reported as it is collected
+        await asyncio.sleep(0)
+        return loop_errors
+
+    assert asyncio.run(cancel_a_running_cell()) == []
 
 
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
