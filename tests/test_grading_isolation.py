@@ -312,6 +312,28 @@ def test_a_cell_cancelled_by_an_interrupt_leaves_no_task_that_fails_once_its_ker
     assert asyncio.run(cancel_a_running_cell()) == []
 
 
+def test_a_judge_read_cancelled_by_an_interrupt_leaves_no_error_unread():
+    """The runner reads its judge's output until the judge exits; a signal cancels that read. asyncio printed
+    "_GatheringFuture exception was never retrieved" for it (a cancelled gather ends with an error no one reads)."""
+    from minigrpo.grading.runner import _read_until
+
+    async def cancel_a_read() -> list[str]:
+        loop_errors = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context["message"]))
+        pipe = asyncio.subprocess.PIPE
+        judge = await asyncio.create_subprocess_exec("sleep", "60", stdout=pipe, stderr=pipe, start_new_session=True)
+        read = asyncio.create_task(_read_until(judge, 60))
+        await asyncio.sleep(0.5)
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+        del read
+        gc.collect()  # an error no one read is reported as its future is collected
+        await asyncio.sleep(0)
+        return loop_errors if judge.returncode == -signal.SIGKILL else ["the judge was not killed"]
+
+    assert asyncio.run(cancel_a_read()) == []
+
+
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
     """What the command prints when SIGINT stopped grading: no kernel here, grade_notebooks is replaced."""
     from minigrpo.grading import runner

@@ -447,13 +447,17 @@ async def _read_until(process, budget: float) -> tuple[bytes, bytes, bool]:
         while chunk := await stream.read(65536):
             into += chunk
 
-    readers = asyncio.gather(drain(process.stdout, out), drain(process.stderr, err), process.wait())
+    # tasks, not a gather: a gather that a signal cancels ends with an error no one reads, which asyncio prints
+    waits = (drain(process.stdout, out), drain(process.stderr, err), process.wait())
+    readers = [asyncio.ensure_future(wait) for wait in waits]
     try:
-        await asyncio.wait_for(readers, budget)
-        return bytes(out), bytes(err), True
-    except asyncio.TimeoutError:
-        return bytes(out), bytes(err), False
+        finished, running = await asyncio.wait(readers, timeout=budget)
+        for reader in finished:
+            reader.result()  # an error of reading is raised here, not left for asyncio to print
+        return bytes(out), bytes(err), not running
     finally:
+        for reader in readers:
+            reader.cancel()
         if process.returncode is None:
             os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
