@@ -512,18 +512,20 @@ def run_grade(args: argparse.Namespace) -> int:
 
 
 def grade_writers(args: argparse.Namespace) -> list:
-    """What --feedback and --gradescope write once grading ends: functions of (reports, seconds), paths made absolute
-    (grading leaves the working folder)."""
+    """What --feedback and --gradescope write once grading ends: functions of (reports, seconds, the notebooks an
+    interrupt left ungraded), paths made absolute (grading leaves the working folder)."""
     from minigrpo.grading.reports.feedback import write_feedback
     from minigrpo.grading.reports.gradescope import exercise_ids, write_results
 
     writers = []
     if args.feedback is not None:
         folder = os.path.abspath(args.feedback)
-        writers.append(lambda reports, seconds: write_feedback(reports, folder))
+        writers.append(lambda reports, seconds, not_graded: write_feedback(reports, folder, not_graded))
     if args.gradescope is not None:
         path, exercises = os.path.abspath(args.gradescope), exercise_ids(args.exercise)
-        writers.append(lambda reports, seconds: write_results(reports, path, exercises, seconds))
+        writers.append(
+            lambda reports, seconds, not_graded: write_results(reports, path, exercises, seconds, not_graded)
+        )
     return writers
 
 

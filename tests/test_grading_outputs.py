@@ -23,7 +23,7 @@ from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.reports.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
 from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradescope import exercise_ids, results, write_autograder
-from minigrpo.grading.runner import NOT_FOUND, NotebookReport
+from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "gradescope_results.schema.json").read_text())
 EXERCISE = EXERCISES["02_group_relative_advantages"]
@@ -166,6 +166,22 @@ def test_results_without_exercises_cover_those_handed_in_and_an_empty_submission
     jsonschema.validate(empty, SCHEMA)
     assert empty["score"] == 0 and [t["max_score"] for t in empty["tests"]] == [4.0, 2.0]
     assert results([])["tests"] == [] and results([])["score"] == 0
+
+
+def test_an_interrupted_grading_says_so_and_scores_what_it_graded(reports):
+    """Gradescope's time limit stopped the grading of ann's second notebook: her first counts, and the exercise of
+    which no notebook was graded scores 0, saying why, never that it was not handed in."""
+    stopped = [Submission(Path("/autograder/submission/05_kl.ipynb"), "ann")]
+    result = results(reports[:1], ["02", "05"], seconds=600, not_graded=stopped)
+    jsonschema.validate(result, SCHEMA)
+    assert result["score"] == 5.5 and [t["score"] for t in result["tests"]] == [3.5, 2.0, 0.0]
+    lines = result["output"].splitlines()
+    assert lines[1] == (
+        "grading was interrupted before 05_kl.ipynb was graded: it scores 0 here, and this score counts only the "
+        "notebooks graded before it"
+    )
+    assert "grading was interrupted before 05_kl.ipynb was graded" in result["tests"][2]["output"]
+    assert "hand in" not in json.dumps(result)
 
 
 def test_the_schema_refuses_what_gradescope_does_not_read():
