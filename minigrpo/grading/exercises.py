@@ -27,9 +27,11 @@ it is ignored, with a note, as a stamp of an exercise this version does not have
 
 A stamp from another version of the package is the handout of that version. When the exercise's checks (their names
 and points) and its `revision` are the same in both, it is graded, with a warning that names both versions; when
-they changed, it is refused (0 points, and the reason): grade it with the version that made it. `revision` is
-raised by hand when what the learner writes changes without a check's name or points changing (a function's
-arguments or meaning).
+they changed, it is refused (0 points, and the reason, which names each check whose points differ, is new or is gone,
+and the revision): grade it with the version that made it. A stamp of this very version whose exercise differs comes
+from another copy of it (a checkout whose exercise changed since): the refusal says so, and to grade it with that
+copy or hand out this one's exercise. `revision` is raised by hand when what the learner writes changes without a
+check's name or points changing (a function's arguments or meaning).
 """
 
 from __future__ import annotations
@@ -197,12 +199,55 @@ def _version_contract(identity: Identity, stamp: dict, version: str) -> None:
             "are the same in both"
         )
         return
-    ours = ", ".join(f"{name} ({format_points(points)})" for name, points in exercise_.check_maxima().items())
+    differences = "; ".join(_differences(stamp, exercise_))
+    if identity.version == version:  # a copy of this version whose exercise changed (a checkout's, say)
+        identity.refusal = (
+            f"handed out with minigrpo {version}, this very version, but another copy of it, whose exercise "
+            f"{exercise_.id} differs from this copy's ({differences}): grade it with the copy of minigrpo {version} "
+            "that made the handout, or hand out this copy's exercise (python scripts/make_exercises.py writes it)"
+        )
+        return
+    if identity.version:
+        made_by = grade_with = f"minigrpo {identity.version}"
+    else:
+        made_by, grade_with = "a minigrpo that stamped no version", "the minigrpo that made the handout"
     identity.refusal = (
-        f"handed out with minigrpo {theirs}, whose checks of exercise {exercise_.id} differ from minigrpo "
-        f"{version}'s ({ours}; revision {exercise_.revision}): grade it with minigrpo {theirs}, or hand out "
-        f"minigrpo {version}'s exercise"
+        f"handed out with {made_by}, whose exercise {exercise_.id} differs from minigrpo {version}'s ({differences}): "
+        f"grade it with {grade_with}, or hand out minigrpo {version}'s exercise"
     )
+
+
+_SHOWN_DIFFERENCES = 5
+"""A refusal lists this many differences at most (a stamp is the learner's file: it may list thousands)."""
+
+
+def _differences(stamp: dict, exercise_: Exercise) -> list[str]:
+    """What differs between a handout's stamp and `exercise_`: each check whose points differ, is new or is gone, then
+    the revision. What the stamp holds is shown as data (quoted, cut short)."""
+    ours, theirs = exercise_.check_maxima(), _stamped_checks(stamp)
+    found = [] if theirs is not None else ["the handout's stamp lists no checks"]
+    theirs = theirs or {}
+    for name, points in ours.items():
+        if name not in theirs:
+            found.append(f"{name}: not in the handout")
+        elif theirs[name] != points:
+            found.append(f"{name}: {format_points(points)} points here, {_shown(theirs[name])} in the handout")
+    found += [f"{_shown(name)}: in the handout only" for name in theirs if name not in ours]
+    if stamp.get("revision") != exercise_.revision:
+        found.append(
+            f"revision {_shown(stamp.get('revision'))} in the handout, {exercise_.revision} here: what the learner "
+            "writes changed"
+        )
+    more = len(found) - _SHOWN_DIFFERENCES
+    return found[:_SHOWN_DIFFERENCES] + ([f"{more} more"] if more > 0 else [])
+
+
+def _shown(value) -> str:
+    """A value of a stamp as the refusal shows it: a number as it is, anything else quoted, cut at 40 characters."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format_points(value)
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _stamped_checks(stamp: dict) -> dict | None:
