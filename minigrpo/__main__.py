@@ -9,8 +9,9 @@ python -m minigrpo pretrain-tiny              # rebuild the bundled tiny Qwen
 torchrun --nproc-per-node 2 -m minigrpo train # data-parallel on 2 processes (GPUs, or CPU with gloo)
 
 A mistake in the command (a missing model folder, an output folder that is a
-file, --max-steps 0) is reported on one line before any model is loaded, and
-the command exits with status 2; add --debug to see the traceback instead.
+file, --max-steps 0, a grade --csv path inside a file) is reported on one line
+before any model is loaded or any notebook graded, and the command exits with
+status 2; add --debug to see the traceback instead.
 """
 
 from __future__ import annotations
@@ -156,6 +157,41 @@ def check_output_dir(output_dir: str, flag: str = "--output-dir") -> None:
         raise PermissionError(
             f"{flag} {output_dir} is not writable (no write permission on {existing}): choose another folder."
         )
+
+
+def check_output_file(path: str, flag: str) -> None:
+    """Fail now, not after grading a class, when the file `path` cannot be written: empty, a folder, inside a file,
+    or in a folder that cannot be created or written. flag: the option it came from (--csv, --gradescope, ...)."""
+    if not path.strip():
+        raise ValueError(f"{flag} is empty: give a file path (its folder is created if missing).")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag} {path} is a folder: give a file path (its folder is created if missing).")
+    existing = next(p for p in target.parents if p.exists())  # the folder it would be created in
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path} lies inside the file {existing}: give a file path in a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"{flag} {path} cannot be written (no write permission on {existing}): choose another path."
+        )
+
+
+def check_grade_outputs(args: argparse.Namespace) -> None:
+    """Every output `grade` was asked to write (the files of --csv, --checks-csv and --gradescope, the folder of
+    --feedback) can be written, each at a path of its own: said before grading starts, not after hours of it."""
+    outputs = {"--csv": args.csv, "--checks-csv": args.checks_csv, "--gradescope": args.gradescope}
+    outputs["--feedback"] = args.feedback
+    seen: dict[str, str] = {}  # absolute path -> the flag that named it
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        if flag == "--feedback":
+            check_output_dir(path, flag)
+        else:
+            check_output_file(path, flag)
+        if os.path.abspath(path) in seen:
+            raise ValueError(f"{seen[os.path.abspath(path)]} and {flag} both name {path}: give each its own path.")
+        seen[os.path.abspath(path)] = flag
 
 
 def check_positive(flag: str, value: int, what: str, most: int | None = None) -> None:
@@ -454,6 +490,7 @@ def run_grade(args: argparse.Namespace) -> int:
     if args.timeout is not None and args.timeout < 1:
         print(f"error: --timeout {args.timeout}: give 1 second or more per notebook.", file=sys.stderr)
         return 2
+    check_grade_outputs(args)
     if Path(args.path).exists():  # said before the grader's imports and the first kernel's start, which take seconds
         print(
             f"grading {args.path}: each notebook runs in a kernel of its own, its checks then judged apart; "
@@ -475,18 +512,20 @@ def run_grade(args: argparse.Namespace) -> int:
 
 
 def grade_writers(args: argparse.Namespace) -> list:
-    """What --feedback and --gradescope write once grading ends: functions of (reports, seconds), paths made absolute
-    (grading leaves the working folder)."""
+    """What --feedback and --gradescope write once grading ends: functions of (reports, seconds, the notebooks an
+    interrupt left ungraded), paths made absolute (grading leaves the working folder)."""
     from minigrpo.grading.reports.feedback import write_feedback
     from minigrpo.grading.reports.gradescope import exercise_ids, write_results
 
     writers = []
     if args.feedback is not None:
         folder = os.path.abspath(args.feedback)
-        writers.append(lambda reports, seconds: write_feedback(reports, folder))
+        writers.append(lambda reports, seconds, not_graded: write_feedback(reports, folder, not_graded))
     if args.gradescope is not None:
         path, exercises = os.path.abspath(args.gradescope), exercise_ids(args.exercise)
-        writers.append(lambda reports, seconds: write_results(reports, path, exercises, seconds))
+        writers.append(
+            lambda reports, seconds, not_graded: write_results(reports, path, exercises, seconds, not_graded)
+        )
     return writers
 
 

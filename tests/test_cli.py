@@ -119,3 +119,32 @@ def test_grade_says_what_it_does_before_it_starts(capsys, monkeypatch, tmp_path)
     ]
     assert main(["grade", str(tmp_path / "nothing-here")]) == 0  # a missing path: the grader's own error, no line
     assert said_first[1] == ""
+
+
+def test_grade_checks_every_output_path_before_it_grades(capsys, monkeypatch, tmp_path):
+    import minigrpo.grading
+
+    def grade_command(path, **options):
+        raise AssertionError("grading started before its output paths were checked")
+
+    monkeypatch.setattr(minigrpo.grading, "grade_command", grade_command)
+    (tmp_path / "class").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    assert "--csv class is a folder: give a file path" in run(capsys, "grade", "class", "--csv", "class")
+    line = run(capsys, "grade", "class", "--checks-csv", "notes.txt/checks.csv")
+    assert "--checks-csv notes.txt/checks.csv lies inside the file notes.txt" in line
+    assert "--gradescope is empty" in run(capsys, "grade", "class", "--gradescope", "")
+    assert "--feedback notes.txt is a file" in run(capsys, "grade", "class", "--feedback", "notes.txt")
+    line = run(capsys, "grade", "class", "--csv", "out.csv", "--checks-csv", "./out.csv")
+    assert "--csv and --checks-csv both name ./out.csv: give each its own path" in line
+    monkeypatch.setattr("minigrpo.__main__.os.access", lambda path, mode: False)  # root may write anywhere
+    assert "--csv grades.csv cannot be written" in run(capsys, "grade", "class", "--csv", "grades.csv")
+
+
+def test_grade_makes_the_folders_its_outputs_go_in(capsys, tmp_path):
+    (tmp_path / "class").mkdir()
+    (tmp_path / "class" / "02_mine.ipynb").write_text("not a notebook")  # unreadable: no kernel starts
+    outputs = ["--csv", "new/grades.csv", "--checks-csv", "new/checks.csv", "--gradescope", "gs/results.json"]
+    assert main(["grade", "class", *outputs, "--feedback", "feedback"]) == 0
+    for written in ("new/grades.csv", "new/checks.csv", "gs/results.json", "feedback/02_mine.md"):
+        assert (tmp_path / written).is_file(), written

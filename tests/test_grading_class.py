@@ -162,7 +162,7 @@ def test_another_versions_handout_is_graded_with_a_warning_or_refused_when_its_c
     assert any("handed out with minigrpo 0.0.1, graded with minigrpo " + __version__ in n for n in aaron["notes"])
     (erin,) = by_student(report)["erin"]
     assert (erin["status"], erin["points"], erin["max_points"]) == ("refused", 0, 6)
-    assert "whose checks of exercise 02_group_relative_advantages differ" in erin["errors"][0]
+    assert "whose exercise 02_group_relative_advantages differs from minigrpo " in erin["errors"][0]
     assert erin["seconds"] == 0  # refused before any kernel started
 
 
@@ -292,10 +292,33 @@ def test_the_version_contract_warns_when_checks_match_and_refuses_when_they_chan
         "are the same in both"
     ]
     renamed = {**EXERCISE.stamp("0.0.1"), "checks": {"check_group_relative_advantages": 4, "check_rloo": 2}}
-    assert "differ from minigrpo 9.9.9's" in identify({"minigrpo": renamed}, NAME, [], "9.9.9").refusal
+    assert "differs from minigrpo 9.9.9's" in identify({"minigrpo": renamed}, NAME, [], "9.9.9").refusal
     revised = {**EXERCISE.stamp("0.0.1"), "revision": EXERCISE.revision + 1}
     assert identify({"minigrpo": revised}, NAME, [], "9.9.9").refusal is not None
     assert identify({"minigrpo": EXERCISE.stamp(__version__)}, NAME, [], __version__).warnings == []
+
+
+def test_a_refusal_names_what_differs_and_what_to_do():
+    revised = {**EXERCISE.stamp("9.9.9"), "revision": EXERCISE.revision + 1}  # this very version, another revision
+    assert identify({"minigrpo": revised}, NAME, [], "9.9.9").refusal == (
+        "handed out with minigrpo 9.9.9, this very version, but another copy of it, whose exercise "
+        f"02_group_relative_advantages differs from this copy's (revision {EXERCISE.revision + 1} in the handout, "
+        f"{EXERCISE.revision} here: what the learner writes changed): grade it with the copy of minigrpo 9.9.9 that "
+        "made the handout, or hand out this copy's exercise (python scripts/make_exercises.py writes it)"
+    )
+    renamed = {**EXERCISE.stamp("0.0.1"), "checks": {"check_group_relative_advantages": 3, "check_rloo": 2}}
+    assert identify({"minigrpo": renamed}, NAME, [], "9.9.9").refusal == (
+        "handed out with minigrpo 0.0.1, whose exercise 02_group_relative_advantages differs from minigrpo 9.9.9's "
+        "(check_group_relative_advantages: 4 points here, 3 in the handout; check_rloo_advantages: not in the handout; "
+        "'check_rloo': in the handout only): grade it with minigrpo 0.0.1, or hand out minigrpo 9.9.9's exercise"
+    )
+    crafted = {**EXERCISE.stamp("0.0.1"), "checks": {f"x{i}": [0] * 100 for i in range(12)}}  # the learner's file
+    refusal = identify({"minigrpo": crafted}, NAME, [], "9.9.9").refusal
+    assert "; 'x2': in the handout only; 9 more)" in refusal and len(refusal) < 500
+    unversioned = {key: value for key, value in revised.items() if key != "version"}
+    refusal = identify({"minigrpo": unversioned}, NAME, [], "9.9.9").refusal
+    assert refusal.startswith("handed out with a minigrpo that stamped no version, whose exercise 02_group_relative")
+    assert refusal.endswith("grade it with the minigrpo that made the handout, or hand out minigrpo 9.9.9's exercise")
 
 
 def test_students_come_from_nbgraders_layout_a_folder_each_or_the_file_name(tmp_path):

@@ -12,12 +12,15 @@ Jupyter runtime folder of the test's own, one notebook at a time, grades:
 - a FIFO and a file over the size cap, both named *.ipynb;
 - a notebook whose cell starts a detached child and sleeps: SIGTERM is sent to
   the grader then, so that it and the notebook after it (whose name is not
-  UTF-8) are not graded.
+  UTF-8) are not graded; every output (--csv, --checks-csv, --feedback,
+  --gradescope) is still written, and says which notebooks were not graded.
 
 The rest are unit tests of the pieces, without a kernel.
 """
 
 import asyncio
+import csv
+import gc
 import io
 import json
 import os
@@ -34,7 +37,7 @@ import pytest
 from minigrpo.grading import NotebookReport, format_scores
 from minigrpo.grading.runner import say
 from minigrpo.grading.sandbox.limits import MAX_NOTEBOOK_BYTES, NotebookRefused, OutputBudget, printable, read_notebook
-from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command
+from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command, kill_leftovers
 
 ROOT = Path(__file__).resolve().parents[1]
 RIGHT = "def kl_k3(logps, ref):\n    log_r = ref - logps\n    return log_r.exp() - log_r - 1"
@@ -135,6 +138,9 @@ def cli_run(tmp_path_factory):
     waits = os.fsdecode(os.path.join(os.fsencode(folder), b"waits_caf\xe9\nforged line.ipynb"))  # not UTF-8
     notebook(Path(waits), RIGHT, CHECK)
     command = [sys.executable, "-m", "minigrpo", "grade", str(folder), "--json", "--timeout", "300"]
+    out = tmp / "out"  # every output, written though grading was interrupted
+    command += ["--csv", str(out / "grades.csv"), "--checks-csv", str(out / "checks.csv")]
+    command += ["--feedback", str(out / "feedback"), "--gradescope", str(out / "results.json")]
     env = environment(tmp, MINIGRPO_GRADE_JOBS="1")
     grader = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=working, env=env)
     try:
@@ -202,6 +208,21 @@ def test_an_interrupt_stops_grading_says_what_was_not_graded_and_records_no_scor
     escaped = printable(not_graded[1])
     assert "\\xe9\\n" in escaped  # the name's byte that is not UTF-8, and its newline, escaped on one line
     assert err.rstrip().endswith(f"not graded (no score recorded): {not_graded[0]}, {escaped}")
+
+
+def test_an_interrupt_prints_no_traceback_and_every_output_says_what_was_not_graded(cli_run):
+    _, _, err, _, _, tmp, _, _ = cli_run
+    assert "Traceback" not in err and "never retrieved" not in err
+    with open(tmp / "out" / "grades.csv", newline="") as f:
+        totals = {row["student"]: row["total"] for row in csv.DictReader(f)}
+    assert totals["noisy"] == "3" and totals["sleeps"] == "not graded (interrupted)"
+    assert totals["waits_caf\\xe9\\nforged line"] == "not graded (interrupted)"  # escaped, as every learner's name
+    with open(tmp / "out" / "checks.csv", newline="") as f:
+        statuses = {row["student"]: row["status"] for row in csv.DictReader(f)}
+    assert statuses["plants"] == "ok" and statuses["sleeps"] == "not graded (interrupted)"
+    assert "sleeps.md" not in [p.name for p in (tmp / "out" / "feedback").iterdir()]
+    results = json.loads((tmp / "out" / "results.json").read_text())
+    assert results["output"].splitlines()[1].startswith("grading was interrupted before sleeps.ipynb, waits_caf")
 
 
 def test_every_exit_kills_the_detached_children_and_removes_the_temporary_files(cli_run):
@@ -281,6 +302,58 @@ def test_interrupts_cancel_the_grading_task_and_restore_the_handlers(signum):
     assert signal.getsignal(signum) is before
 
 
+def test_a_cell_cancelled_by_an_interrupt_leaves_no_task_that_fails_once_its_kernel_is_stopped(tmp_path):
+    """nbclient leaves its poll of the kernel running when the cell it watches is cancelled (the grader's answer to
+    SIGINT and SIGTERM); its next look at the stopped client failed, and asyncio printed "Task exception was never
+    retrieved ... AssertionError" under the command's last lines. One kernel, one cell cancelled as it runs."""
+    from minigrpo.grading.sandbox import kernels
+
+    async def cancel_a_running_cell() -> list[str]:
+        loop_errors = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context["message"]))
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time\ntime.sleep(60)")])
+        client = kernels.grading_client(nb, tmp_path, tmp_path, 120)
+        kernel_pid = await kernels.start_kernel(client, dict(os.environ))
+        try:
+            await client.async_start_new_kernel_client()
+            cell = asyncio.create_task(client.async_execute_cell(nb.cells[0], 0, execution_count=1))
+            await asyncio.sleep(1.5)  # the cell runs, and nbclient polls the kernel every second
+            cell.cancel()
+            await asyncio.gather(cell, return_exceptions=True)  # nbclient says DeadKernelError
+            del cell  # its error's traceback holds nbclient's frames, and so the poll
+        finally:  # as the runner cleans up after a signal
+            kill_leftovers(kernel_pid, "MINIGRPO_TEST_UNUSED", "none")
+            await kernels.stop_kernel(client)
+        await asyncio.sleep(1.5)  # the poll's next look, had it been left running
+        gc.collect()  # a task is reported as it is collected
+        await asyncio.sleep(0)
+        return loop_errors
+
+    assert asyncio.run(cancel_a_running_cell()) == []
+
+
+def test_a_judge_read_cancelled_by_an_interrupt_leaves_no_error_unread():
+    """The runner reads its judge's output until the judge exits; a signal cancels that read. asyncio printed
+    "_GatheringFuture exception was never retrieved" for it (a cancelled gather ends with an error no one reads)."""
+    from minigrpo.grading.runner import _read_until
+
+    async def cancel_a_read() -> list[str]:
+        loop_errors = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context["message"]))
+        pipe = asyncio.subprocess.PIPE
+        judge = await asyncio.create_subprocess_exec("sleep", "60", stdout=pipe, stderr=pipe, start_new_session=True)
+        read = asyncio.create_task(_read_until(judge, 60))
+        await asyncio.sleep(0.5)
+        read.cancel()
+        await asyncio.gather(read, return_exceptions=True)
+        del read
+        gc.collect()  # an error no one read is reported as its future is collected
+        await asyncio.sleep(0)
+        return loop_errors if judge.returncode == -signal.SIGKILL else ["the judge was not killed"]
+
+    assert asyncio.run(cancel_a_read()) == []
+
+
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
     """What the command prints when SIGINT stopped grading: no kernel here, grade_notebooks is replaced."""
     from minigrpo.grading import runner
@@ -297,6 +370,41 @@ def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, ca
     out, err = capsys.readouterr()
     assert out.rstrip().endswith("not graded (grading was interrupted; no score recorded):\n  ex/02.ipynb")
     assert "interrupted by SIGINT" in err and "02" not in out.split("what lost points")[0].split("total")[0]
+
+
+def test_an_interrupted_run_marks_what_it_did_not_grade_in_every_output(monkeypatch, capsys, tmp_path):
+    """SIGTERM stopped grading after ann's notebook, before bob's (no kernel here: grade_notebooks is replaced). The
+    gradebook's total and the per-check CSV say bob was not graded, only ann gets a feedback file, and results.json
+    says that grading was interrupted rather than that nothing was handed in."""
+    from minigrpo.__main__ import main
+    from minigrpo.grading import runner
+    from minigrpo.grading.reports import gradebook
+
+    folder, out = tmp_path / "class", tmp_path / "out"
+    paths = {student: folder / student / "05_kl_k3_estimator.ipynb" for student in ("ann", "bob")}
+    for path in paths.values():
+        path.parent.mkdir(parents=True)
+        path.write_text("{}")
+    full = {"check": "check_kl_k3", "points": 3.0, "max_points": 3.0, "cases": []}
+    ann = NotebookReport(str(paths["ann"]), checks=[full], student="ann", exercise="05_kl_k3_estimator")
+
+    def interrupted(submissions, **options):
+        raise runner.GradingInterrupted(signal.SIGTERM, [ann], [paths["bob"]])
+
+    monkeypatch.setattr(gradebook, "grade_notebooks", interrupted)
+    outputs = ["--csv", str(out / "grades.csv"), "--checks-csv", str(out / "checks.csv")]
+    outputs += ["--feedback", str(out / "feedback"), "--gradescope", str(out / "results.json"), "--exercise", "05"]
+    assert main(["grade", str(folder), *outputs]) == 128 + signal.SIGTERM
+    assert "Traceback" not in capsys.readouterr().err
+    with open(out / "grades.csv", newline="") as f:
+        totals = {row["student"]: row["total"] for row in csv.DictReader(f)}
+    assert totals == {"ann": "3", "bob": "not graded (interrupted)"}
+    with open(out / "checks.csv", newline="") as f:
+        statuses = {row["student"]: row["status"] for row in csv.DictReader(f)}
+    assert statuses == {"ann": "ok", "bob": "not graded (interrupted)"}
+    assert [p.name for p in (out / "feedback").iterdir()] == ["ann.md"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["score"] == 3.0 and "grading was interrupted" in results["output"].splitlines()[1]
 
 
 def test_the_judge_runs_isolated_with_no_path_into_the_working_folder(tmp_path, monkeypatch):

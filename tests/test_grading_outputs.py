@@ -21,8 +21,9 @@ from minigrpo.__main__ import main
 from minigrpo.grading import run_check
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.reports.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradescope import exercise_ids, results, write_autograder
-from minigrpo.grading.runner import NOT_FOUND, NotebookReport
+from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "gradescope_results.schema.json").read_text())
 EXERCISE = EXERCISES["02_group_relative_advantages"]
@@ -118,6 +119,30 @@ def test_feedback_file_names_are_plain_and_never_collide():
     assert names == ["a_b.md", "a_b-2.md", "A_B-3.md", "_x.md", "hidden.md", "_.md"]
 
 
+# --- every output, whole or not at all --------------------------------------------------------------------------
+def test_an_output_stopped_while_it_is_written_leaves_the_file_it_replaces(reports, tmp_path, monkeypatch):
+    """Ctrl-C while the gradebook's second row is made, and a text that cannot be written at all: each time the path
+    holds the gradebook it held before, and nothing else is left in its folder."""
+    from minigrpo.grading.reports import gradebook
+
+    path = tmp_path / "grades.csv"
+    path.write_text("the last gradebook\n")
+    printable = gradebook.printable
+
+    def interrupted(text: str) -> str:
+        if text == "ben":
+            raise KeyboardInterrupt
+        return printable(text)
+
+    monkeypatch.setattr(gradebook, "printable", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gradebook.write_gradebook(reports, path)
+    assert path.read_text() == "the last gradebook\n" and os.listdir(tmp_path) == ["grades.csv"]
+    with pytest.raises(UnicodeEncodeError):
+        write_text(path, "a lone surrogate, \udce9, fails as it is written")
+    assert path.read_text() == "the last gradebook\n" and os.listdir(tmp_path) == ["grades.csv"]
+
+
 # --- Gradescope's results.json -------------------------------------------------------------------------------
 def test_results_follow_gradescopes_schema_one_test_per_check_the_best_notebook_counting(reports):
     result = results(reports[:2], ["02", "05"], seconds=12.4)
@@ -141,6 +166,22 @@ def test_results_without_exercises_cover_those_handed_in_and_an_empty_submission
     jsonschema.validate(empty, SCHEMA)
     assert empty["score"] == 0 and [t["max_score"] for t in empty["tests"]] == [4.0, 2.0]
     assert results([])["tests"] == [] and results([])["score"] == 0
+
+
+def test_an_interrupted_grading_says_so_and_scores_what_it_graded(reports):
+    """Gradescope's time limit stopped the grading of ann's second notebook: her first counts, and the exercise of
+    which no notebook was graded scores 0, saying why, never that it was not handed in."""
+    stopped = [Submission(Path("/autograder/submission/05_kl.ipynb"), "ann")]
+    result = results(reports[:1], ["02", "05"], seconds=600, not_graded=stopped)
+    jsonschema.validate(result, SCHEMA)
+    assert result["score"] == 5.5 and [t["score"] for t in result["tests"]] == [3.5, 2.0, 0.0]
+    lines = result["output"].splitlines()
+    assert lines[1] == (
+        "grading was interrupted before 05_kl.ipynb was graded: it scores 0 here, and this score counts only the "
+        "notebooks graded before it"
+    )
+    assert "grading was interrupted before 05_kl.ipynb was graded" in result["tests"][2]["output"]
+    assert "hand in" not in json.dumps(result)
 
 
 def test_the_schema_refuses_what_gradescope_does_not_read():

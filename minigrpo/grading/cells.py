@@ -22,9 +22,13 @@ def _transformer():
     return TransformerManager()
 
 
+class TooDeep(ValueError):
+    """A cell nested deeper than Python's parser goes in this process; the message names the parser's error."""
+
+
 def python_of(cell: str) -> list[tuple[str, ast.Module]]:
     """[(Python source, its syntax tree)] of a code cell and of each cell magic's body in it; [] when the cell does
-    not parse (it runs nothing)."""
+    not parse (it runs nothing). Raises TooDeep for a cell nested too deeply to parse here."""
     return _python_of(cell, 0)
 
 
@@ -34,6 +38,8 @@ def _python_of(cell: str, depth: int) -> list[tuple[str, ast.Module]]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, TypeError):
         return []
+    except (RecursionError, MemoryError) as error:  # the parser's own limits, not the cell's syntax
+        raise TooDeep(f"{type(error).__name__} in Python's parser") from None
     found = [(source, tree)]
     if depth < _MAX_NESTING:
         for body in _cell_magic_bodies(tree):

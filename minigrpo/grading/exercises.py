@@ -22,13 +22,16 @@ package's version (`Exercise.stamp`)::
 `identify` reads, in order: that stamp (a renamed copy, "Copy of 02_...ipynb" or "02_... (1).ipynb", keeps it);
 the file name (an exercise's id in it, or its number first: "02_mine.ipynb"); the checks the notebook calls, when
 they all belong to one exercise. A notebook that none of these names is graded on the checks it calls, and stays
-out of the gradebook.
+out of the gradebook. A stamp whose exercise is not an id (a list, a number) is not the one make_exercises writes:
+it is ignored, with a note, as a stamp of an exercise this version does not have is.
 
 A stamp from another version of the package is the handout of that version. When the exercise's checks (their names
 and points) and its `revision` are the same in both, it is graded, with a warning that names both versions; when
-they changed, it is refused (0 points, and the reason): grade it with the version that made it. `revision` is
-raised by hand when what the learner writes changes without a check's name or points changing (a function's
-arguments or meaning).
+they changed, it is refused (0 points, and the reason, which names each check whose points differ, is new or is gone,
+and the revision): grade it with the version that made it. A stamp of this very version whose exercise differs comes
+from another copy of it (a checkout whose exercise changed since): the refusal says so, and to grade it with that
+copy or hand out this one's exercise. `revision` is raised by hand when what the learner writes changes without a
+check's name or points changing (a function's arguments or meaning).
 """
 
 from __future__ import annotations
@@ -152,9 +155,10 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
     version: the grader's package version.
     """
     stamp = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
+    stamped = stamp.get("exercise") if isinstance(stamp, dict) else None
     named = from_file_name(path)
-    if isinstance(stamp, dict) and stamp.get("exercise") in EXERCISES:
-        identity = Identity(EXERCISES[stamp["exercise"]], "metadata", str(stamp.get("version") or "") or None)
+    if isinstance(stamped, str) and stamped in EXERCISES:
+        identity = Identity(EXERCISES[stamped], "metadata", str(stamp.get("version") or "") or None)
         if named is not None and named is not identity.exercise:
             identity.warnings.append(
                 f"its file name says exercise {named.id} but its metadata says {identity.exercise.id}: "
@@ -163,9 +167,12 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
         _version_contract(identity, stamp, version)
         return identity
     warnings = []
-    if isinstance(stamp, dict):
+    if isinstance(stamped, str):
+        warnings.append(f"its metadata names exercise {stamped[:100]!r}, which minigrpo {version} does not have")
+    elif stamp is not None:  # a list, say, where make_exercises writes an exercise's id
         warnings.append(
-            f"its metadata names exercise {stamp.get('exercise')!r}, which minigrpo {version} does not have"
+            "its metadata's stamp names no exercise's id (it is not the stamp scripts/make_exercises.py writes): "
+            "ignored"
         )
     if named is not None:
         return Identity(named, "file name", warnings=warnings)
@@ -192,12 +199,55 @@ def _version_contract(identity: Identity, stamp: dict, version: str) -> None:
             "are the same in both"
         )
         return
-    ours = ", ".join(f"{name} ({format_points(points)})" for name, points in exercise_.check_maxima().items())
+    differences = "; ".join(_differences(stamp, exercise_))
+    if identity.version == version:  # a copy of this version whose exercise changed (a checkout's, say)
+        identity.refusal = (
+            f"handed out with minigrpo {version}, this very version, but another copy of it, whose exercise "
+            f"{exercise_.id} differs from this copy's ({differences}): grade it with the copy of minigrpo {version} "
+            "that made the handout, or hand out this copy's exercise (python scripts/make_exercises.py writes it)"
+        )
+        return
+    if identity.version:
+        made_by = grade_with = f"minigrpo {identity.version}"
+    else:
+        made_by, grade_with = "a minigrpo that stamped no version", "the minigrpo that made the handout"
     identity.refusal = (
-        f"handed out with minigrpo {theirs}, whose checks of exercise {exercise_.id} differ from minigrpo "
-        f"{version}'s ({ours}; revision {exercise_.revision}): grade it with minigrpo {theirs}, or hand out "
-        f"minigrpo {version}'s exercise"
+        f"handed out with {made_by}, whose exercise {exercise_.id} differs from minigrpo {version}'s ({differences}): "
+        f"grade it with {grade_with}, or hand out minigrpo {version}'s exercise"
     )
+
+
+_SHOWN_DIFFERENCES = 5
+"""A refusal lists this many differences at most (a stamp is the learner's file: it may list thousands)."""
+
+
+def _differences(stamp: dict, exercise_: Exercise) -> list[str]:
+    """What differs between a handout's stamp and `exercise_`: each check whose points differ, is new or is gone, then
+    the revision. What the stamp holds is shown as data (quoted, cut short)."""
+    ours, theirs = exercise_.check_maxima(), _stamped_checks(stamp)
+    found = [] if theirs is not None else ["the handout's stamp lists no checks"]
+    theirs = theirs or {}
+    for name, points in ours.items():
+        if name not in theirs:
+            found.append(f"{name}: not in the handout")
+        elif theirs[name] != points:
+            found.append(f"{name}: {format_points(points)} points here, {_shown(theirs[name])} in the handout")
+    found += [f"{_shown(name)}: in the handout only" for name in theirs if name not in ours]
+    if stamp.get("revision") != exercise_.revision:
+        found.append(
+            f"revision {_shown(stamp.get('revision'))} in the handout, {exercise_.revision} here: what the learner "
+            "writes changed"
+        )
+    more = len(found) - _SHOWN_DIFFERENCES
+    return found[:_SHOWN_DIFFERENCES] + ([f"{more} more"] if more > 0 else [])
+
+
+def _shown(value) -> str:
+    """A value of a stamp as the refusal shows it: a number as it is, anything else quoted, cut at 40 characters."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format_points(value)
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _stamped_checks(stamp: dict) -> dict | None:

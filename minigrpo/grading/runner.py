@@ -9,6 +9,11 @@ How a notebook is graded, and why its score can be trusted
    read as a notebook (`minigrpo.grading.sandbox.limits`); anything else named *.ipynb (a
    symbolic link out of the folder too) scores 0 as unreadable, with the reason,
    and a file that does not parse is reported by its error's type, never its bytes.
+   Of a notebook that parses it keeps the exercise's stamp and each cell's type
+   and source (`kept`): a cell without a type, whose source is not text, or whose
+   code is nested too deeply for the grader's parser, makes the notebook
+   unreadable, and the outputs, execution counts and metadata saved in it are
+   never read (an error saved in a cell that never runs is not the run's).
 2. Know its exercise (`minigrpo.grading.exercises.identify`): the stamp in its
    metadata, else its file name, else the checks it calls. The exercise's checks
    and maximum are what it is graded on: a check of the exercise that the notebook
@@ -39,7 +44,8 @@ How a notebook is graded, and why its score can be trusted
    runner and the judge know). A record for a check the judge was not asked for,
    with points above the check's maximum, or malformed, is rejected: that check
    scores 0 with the reason. A notebook that cannot be read, times out, kills
-   its kernel or breaks its judge scores 0 on its own checks only.
+   its kernel or breaks its judge scores 0 on its own checks only, and so does
+   one on which the grader itself raises an error no rule foresaw (`_unforeseen`).
 6. Clean up, however grading ends: every process with the kernel's SID, and
    every process carrying the token, is killed (`minigrpo.grading.sandbox.processes`),
    and the notebook's folder (connection file included) is removed.
@@ -94,8 +100,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.grading.cells import python_of
-from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, identify, owner
+from minigrpo.grading.cells import TooDeep, python_of
+from minigrpo.grading.exercises import EXERCISES, METADATA_KEY, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import (
     CASES,
     GRADING_RUN_ENV,
@@ -389,7 +395,8 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
     records, authenticated. The judge ends its last case JUDGE_MARGIN_S before the deadline, when it is killed."""
     key = secrets.token_bytes(32)
     connection = {k: v.decode() if isinstance(v, bytes) else v for k, v in km.get_connection_info().items()}
-    (folder / "judge").mkdir()
+    # a new name: the kernel knows the notebook's folder (its TMPDIR is in it) and may have made any name there
+    exchange = tempfile.mkdtemp(prefix="judge-", dir=folder)
     budget = judge_budget(checks, deadline - time.monotonic())
     request = {
         "key": key.hex(),
@@ -398,7 +405,7 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
         "cells": [cell.source if cell.cell_type == "code" else "" for cell in nb.cells],
         "connection": connection,
         "kernel_pid": kernel_pid,
-        "workdir": str(folder / "judge"),  # request and response files, exchanged with the kernel
+        "workdir": exchange,  # request and response files, exchanged with the kernel
         "deadline": time.time() + budget - JUDGE_MARGIN_S,  # wall clock: the judge's own start-up counts
     }
     process = await asyncio.create_subprocess_exec(
@@ -440,13 +447,17 @@ async def _read_until(process, budget: float) -> tuple[bytes, bytes, bool]:
         while chunk := await stream.read(65536):
             into += chunk
 
-    readers = asyncio.gather(drain(process.stdout, out), drain(process.stderr, err), process.wait())
+    # tasks, not a gather: a gather that a signal cancels ends with an error no one reads, which asyncio prints
+    waits = (drain(process.stdout, out), drain(process.stderr, err), process.wait())
+    readers = [asyncio.ensure_future(wait) for wait in waits]
     try:
-        await asyncio.wait_for(readers, budget)
-        return bytes(out), bytes(err), True
-    except asyncio.TimeoutError:
-        return bytes(out), bytes(err), False
+        finished, running = await asyncio.wait(readers, timeout=budget)
+        for reader in finished:
+            reader.result()  # an error of reading is raised here, not left for asyncio to print
+        return bytes(out), bytes(err), not running
     finally:
+        for reader in readers:
+            reader.cancel()
         if process.returncode is None:
             os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
@@ -502,17 +513,74 @@ def _limit_words(limit: float, exercise: str | None, explicit: bool) -> str:
 
 
 def _read(path: Path, folder: Path | None = None):
-    """(the notebook, None), or (None, why it cannot be read): the error's type, never what the file holds."""
+    """(the notebook as the grader keeps it, None), or (None, why it cannot be read): the error's type or the first
+    cell that is not a cell, never what the file holds."""
     import nbformat  # lazy, like the kernels module: an optional dependency
 
     try:
-        return nbformat.reads(read_notebook(path, folder), as_version=4), None
+        text = read_notebook(path, folder)
     except NotebookRefused as refused:
         return None, f"cannot read {printable(str(path))}: {refused}"
+    try:
+        # not nbformat.reads: it only logs (quoting the file) what breaks Jupyter's schema, which kept() says
+        parsed = nbformat.convert(nbformat.reader.reads(text), 4)
     except Exception as error:  # this notebook scores 0; the others are still graded
         # nbformat's messages quote the file's text: the type is enough to say what to fix
         reason = f"{type(error).__name__}: not a notebook in Jupyter's format (JSON, nbformat 4)"
         return None, f"cannot read {printable(str(path))}: {reason}"
+    try:
+        return kept(parsed), None
+    except NotANotebook as problem:
+        return None, f"cannot read {printable(str(path))}: {problem}"
+
+
+class NotANotebook(ValueError):
+    """A parsed notebook that the grader cannot read as one: the message names the first part that is wrong."""
+
+
+_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "a list"}
+
+
+def kept(nb):
+    """What the grader keeps of a parsed notebook: its exercise's stamp, and each cell's type and source.
+
+    Nothing else a learner saved is read: not the saved outputs (an error in a cell that never runs in the grader
+    is not the notebook's error), not the execution counts, not the cells' metadata. Raises NotANotebook for the
+    first cell that is not a cell (no cell_type, a source that is not text), or whose code is nested too deeply for
+    the grader to read what it runs (`cells.TooDeep`).
+    """
+    import nbformat
+
+    metadata = nb.get("metadata") if isinstance(nb.get("metadata"), dict) else {}
+    cells = nb.get("cells")
+    if not isinstance(cells, list):
+        raise NotANotebook("its cells are not a list: not a notebook in Jupyter's format (JSON, nbformat 4)")
+    v4 = nbformat.v4
+    new_cell = {"code": v4.new_code_cell, "markdown": v4.new_markdown_cell, "raw": v4.new_raw_cell}
+    clean = []
+    for index, cell in enumerate(cells):
+        if not isinstance(cell, dict):
+            raise NotANotebook(f"cell {index} is not a cell (a JSON object)")
+        if "cell_type" not in cell:
+            raise NotANotebook(f"cell {index} has no cell_type")
+        kind = cell["cell_type"]
+        if not isinstance(kind, str) or kind not in new_cell:
+            raise NotANotebook(f"cell {index}'s cell_type is none of code, markdown and raw")
+        if "source" not in cell:
+            raise NotANotebook(f"cell {index} has no source")
+        source = cell["source"]
+        if not isinstance(source, str):
+            raise NotANotebook(f"cell {index}'s source is not text ({_JSON_TYPES.get(type(source), 'null')})")
+        try:
+            if kind == "code":
+                python_of(source)  # read here only to know that it can be
+        except TooDeep as error:
+            raise NotANotebook(
+                f"cell {index} is nested too deeply for the grader to read ({error}): write its expressions in steps"
+            ) from None
+        clean.append(new_cell[kind](source))
+    stamp = {METADATA_KEY: metadata[METADATA_KEY]} if METADATA_KEY in metadata else {}
+    return v4.new_notebook(cells=clean, metadata=stamp)
 
 
 def _identified_report(submission: Submission, nb, timeout: float | None) -> NotebookReport:
@@ -558,6 +626,19 @@ async def _grade_notebook(
     accepted, problems = accept_records(records, to_judge)
     report.errors += problems
     collect(nb, accepted, report, checks)
+    return report
+
+
+def _unforeseen(submission: Submission, timeout: float | None, error: Exception) -> NotebookReport:
+    """The report of a notebook whose grading raised an error no rule of the grader foresaw: unreadable, 0 of its
+    exercise's maximum (the exercise its file name names), with the error's type (its message may quote the file)."""
+    report = _identified_report(submission, None, timeout)
+    report.status = "unreadable"
+    report.errors.append(
+        f"cannot grade {printable(str(submission.path))}: the grader failed on it ({type(error).__name__}), "
+        "which is the grader's mistake: the notebook scores 0, the others are graded"
+    )
+    collect(None, {}, report)
     return report
 
 
@@ -695,6 +776,10 @@ async def _grade_all(submissions, timeout, jobs: int, workdir: Path, interrupts,
             running[index] = (submission, time.monotonic())
             try:
                 report = await _grade_notebook(submission, timeout, jobs, workdir, interrupts)
+            except GradingError:  # no kernel starts: no notebook can be graded
+                raise
+            except Exception as error:  # a notebook no rule foresaw costs its own points, never the class's grading
+                report = _unforeseen(submission, timeout, error)
             finally:
                 running.pop(index, None)
             finished.append(index)

@@ -5,6 +5,7 @@
 | gradebook | `python -m minigrpo grade PATH`: students, one score per student and exercise, the table, the CSVs |
 | feedback | `grade --feedback DIR`: a Markdown file per student, each check as its cell prints it |
 | gradescope | `grade --gradescope FILE`: Gradescope's results.json; `python -m minigrpo autograder`: its zip |
+| files | how they reach the disk: each file written whole or not at all |
 
 They read the runner's `NotebookReport`s and the exercises' fixed maxima; every learner-made string goes through
 `sandbox.limits.printable` before it is printed or written.

@@ -20,8 +20,9 @@ from pathlib import Path
 from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import CaseResult, CheckResult, format_check, format_points
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradebook import StudentGrade, class_grades
-from minigrpo.grading.runner import NotebookReport
+from minigrpo.grading.runner import NotebookReport, Submission
 from minigrpo.grading.sandbox.limits import printable
 
 
@@ -108,15 +109,22 @@ def feedback_file_name(student: str, taken: set[str]) -> str:
     return name
 
 
-def write_feedback(reports: Sequence[NotebookReport], folder: str | Path) -> dict[str, Path]:
-    """One Markdown file per student in `folder` (made if missing): {student: the file written}."""
+def write_feedback(
+    reports: Sequence[NotebookReport], folder: str | Path, not_graded: Sequence[Submission] = ()
+) -> dict[str, Path]:
+    """One Markdown file per student in `folder` (made if missing), each whole or not at all (`files.write_text`):
+    {student: the file written}. A student with a notebook an interrupt left ungraded (`not_graded`) gets none: it
+    would hand them back a grade that is not theirs."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     grades = class_grades(list(reports))
+    unfinished = {submission.student for submission in not_graded}
     written, taken = {}, set()
     for grade in grades.students:
+        if grade.student in unfinished:
+            continue
         theirs = [r for r in reports if r.student == grade.student]
         path = folder / feedback_file_name(grade.student, taken)
-        path.write_text(feedback_markdown(grade, grades.exercises, theirs), encoding="utf-8")
+        write_text(path, feedback_markdown(grade, grades.exercises, theirs))
         written[grade.student] = path
     return written

@@ -28,6 +28,11 @@ What the command writes
 - --checks-csv FILE: one row per notebook and check (CHECK_COLUMNS), for the detail.
 - --feedback DIR, --gradescope FILE: a Markdown file per student (`feedback`), Gradescope's results.json for one
   submission (`gradescope`); the CLI hands them to `grade_command` as `writers`.
+
+Each file is written whole or not at all (`files.write_text`), its folder made if missing; the CLI checks every
+output path before grading starts (`minigrpo.__main__.check_grade_outputs`). When SIGINT or SIGTERM stops grading,
+each output is still written, for the notebooks graded, and says which were not (NOT_GRADED); the command exits with
+128 + the signal's number.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from pathlib import Path
 
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.runner import (
     GradingError,
     GradingInterrupted,
@@ -55,6 +61,9 @@ from minigrpo.grading.sandbox.limits import LIMITS, printable
 
 SEVERAL_RULE = "best"
 """Which of a student's notebooks of one exercise counts: the one with the most points (ties: the first path)."""
+NOT_GRADED = "not graded (interrupted)"
+"""What the CSVs say of a notebook that SIGINT or SIGTERM stopped grading before it was graded: the status of its
+row, and its student's total (the points of their other notebooks are not their grade)."""
 
 
 def find_submissions(path: str | Path) -> list[Submission]:
@@ -194,15 +203,21 @@ def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()
     return "\n".join(lines)
 
 
-def gradebook_rows(grades: ClassGrades) -> list[dict]:
-    """One dict per student: student, one key per exercise (its points, "" when not handed in), total, max_points."""
+def gradebook_rows(grades: ClassGrades, not_graded: Sequence[Submission] = ()) -> list[dict]:
+    """One dict per student: student, one key per exercise (its points, "" when not handed in), total, max_points.
+
+    not_graded: the notebooks an interrupt left ungraded; their students' total is NOT_GRADED, and a student none of
+    whose notebooks was graded has a row too."""
+    unfinished = {submission.student for submission in not_graded}
+    students = grades.students + [StudentGrade(s) for s in unfinished - {g.student for g in grades.students}]
     rows = []
-    for grade in grades.students:
+    for grade in sorted(students, key=lambda g: g.student):
         row = {"student": grade.student}
         for exercise in grades.exercises:
             report = grade.exercises.get(exercise)
             row[exercise] = "" if report is None else format_points(report.points)
-        row |= {"total": format_points(grade.points), "max_points": format_points(grades.max_points)}
+        total = NOT_GRADED if grade.student in unfinished else format_points(grade.points)
+        row |= {"total": total, "max_points": format_points(grades.max_points)}
         rows.append(row)
     return rows
 
@@ -236,9 +251,10 @@ CHECK_COLUMNS = (
 """The per-check CSV: counted is "yes" when the notebook is the one that counts in the student's gradebook row."""
 
 
-def check_rows(reports: list[NotebookReport]) -> list[dict]:
+def check_rows(reports: list[NotebookReport], not_graded: Sequence[Submission] = ()) -> list[dict]:
     """One row per notebook and check (CHECK_COLUMNS); lost_points says what failed (the cases' names and hints, or
-    why the check did not run). A notebook with no checks gets one row."""
+    why the check did not run). A notebook with no checks gets one row, and so does each notebook an interrupt left
+    ungraded (`not_graded`: its status NOT_GRADED)."""
     grades = class_grades(reports)
     rows = []
     for report in reports:
@@ -258,33 +274,39 @@ def check_rows(reports: list[NotebookReport]) -> list[dict]:
                     "lost_points": " | ".join(lost),
                 }
             )
+    for submission in not_graded:
+        blank = dict.fromkeys(CHECK_COLUMNS, "")
+        rows.append(blank | {"student": submission.student, "path": str(submission.path), "status": NOT_GRADED})
     return rows
 
 
 def write_rows(rows: list[dict], columns: Sequence[str], path: str | Path) -> None:
-    """`rows` to a CSV file. A text a learner made is written escaped (`limits.printable`), and one that a
-    spreadsheet would run as a formula (=, +, -, @ first) starts with an apostrophe."""
+    """`rows` to a CSV file, whole or not at all (`files.write_text`). A text a learner made is written escaped
+    (`limits.printable`), and one that a spreadsheet would run as a formula (=, +, -, @ first) starts with an
+    apostrophe."""
     import csv
+    import io
 
     def cell(value):
         text = printable(str(value)) if isinstance(value, str) else value
         return "'" + text if isinstance(text, str) and text[:1] in ("=", "+", "-", "@") else text
 
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: cell(value) for key, value in row.items()})
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(columns))
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: cell(value) for key, value in row.items()})
+    write_text(path, text.getvalue(), newline="")
 
 
-def write_gradebook(reports: list[NotebookReport], path: str | Path) -> None:
-    """The gradebook CSV: student, one column per exercise, total, max_points."""
+def write_gradebook(reports: list[NotebookReport], path: str | Path, not_graded: Sequence[Submission] = ()) -> None:
+    """The gradebook CSV: student, one column per exercise, total, max_points (`gradebook_rows`)."""
     grades = class_grades(reports)
-    write_rows(gradebook_rows(grades), ["student", *grades.exercises, "total", "max_points"], path)
+    write_rows(gradebook_rows(grades, not_graded), ["student", *grades.exercises, "total", "max_points"], path)
 
 
-def write_check_rows(reports: list[NotebookReport], path: str | Path) -> None:
-    write_rows(check_rows(reports), CHECK_COLUMNS, path)
+def write_check_rows(reports: list[NotebookReport], path: str | Path, not_graded: Sequence[Submission] = ()) -> None:
+    write_rows(check_rows(reports, not_graded), CHECK_COLUMNS, path)
 
 
 # --- the command ---------------------------------------------------------------------------------------------
@@ -295,14 +317,16 @@ def grade_command(
     jobs: int | None = None,
     csv_path: str | None = None,
     checks_csv_path: str | None = None,
-    writers: Sequence[Callable[[list[NotebookReport], float], None]] = (),
+    writers: Sequence[Callable[[list[NotebookReport], float, list[Submission]], None]] = (),
 ) -> int:
     """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
     128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). timeout: seconds per notebook (None:
     its exercise's limit); jobs: notebooks graded at once (None: $MINIGRPO_GRADE_JOBS, else up to 4); csv_path:
-    the gradebook; checks_csv_path: the per-check rows; writers: what else to write from the reports and the seconds
-    grading took (the CLI's --feedback and --gradescope: `feedback.write_feedback`, `gradescope.write_results`), each
-    given absolute paths, since grading leaves the working folder."""
+    the gradebook; checks_csv_path: the per-check rows; writers: what else to write from the reports, the seconds
+    grading took and the submissions an interrupt left ungraded (the CLI's --feedback and --gradescope:
+    `feedback.write_feedback`, `gradescope.write_results`), each given absolute paths, since grading leaves the
+    working folder. Interrupted, it still writes every output, for the notebooks graded, and each says which were
+    not (NOT_GRADED)."""
     try:
         submissions = find_submissions(path)
     except FileNotFoundError as error:
@@ -318,19 +342,20 @@ def grade_command(
         say(f"error: {error}", sys.stderr)
         return 1
     except GradingInterrupted as interrupted:
-        reports, not_graded, stopped = interrupted.reports, interrupted.not_graded, interrupted
+        reports, stopped = interrupted.reports, interrupted
+        not_graded = [s for s in submissions if s.path in set(interrupted.not_graded)]
     if as_json:
         say(json.dumps(json_report(path, reports, time.monotonic() - started, stopped), indent=1))  # ASCII
     else:
-        say(format_scores(reports, not_graded))
+        say(format_scores(reports, [s.path for s in not_graded]))
     if csv_path is not None:
-        write_gradebook(reports, csv_path)
+        write_gradebook(reports, csv_path, not_graded)
     if checks_csv_path is not None:
-        write_check_rows(reports, checks_csv_path)
+        write_check_rows(reports, checks_csv_path, not_graded)
     for write in writers:
-        write(reports, time.monotonic() - started)
+        write(reports, time.monotonic() - started, not_graded)
     if stopped:
-        names = ", ".join(printable(str(p)) for p in not_graded) or "none"
+        names = ", ".join(printable(str(s.path)) for s in not_graded) or "none"
         say(
             f"interrupted by {stopped.signal_name}: grading stopped; not graded (no score recorded): {names}",
             sys.stderr,

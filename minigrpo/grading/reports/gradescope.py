@@ -13,7 +13,9 @@ One test per check of each exercise, its output the text the notebook's check ce
 A Gradescope submission is one student's, so every notebook under SUBMISSION is theirs, whatever its folder; of
 several notebooks of one exercise the best counts (`gradebook.SEVERAL_RULE`). `--exercise` names the exercises the
 assignment asks for: one not handed in scores 0 of its maximum (its checks are listed, each at 0), and a notebook of
-another exercise does not count. Without it, the exercises handed in are the assignment.
+another exercise does not count. Without it, the exercises handed in are the assignment. A grading that SIGTERM
+stops (Gradescope's time limit) still writes results.json: it says which notebooks were not graded, scores those
+graded before, and an exercise none of whose notebooks was graded scores 0 as not graded, not as not handed in.
 
 The autograder
 --------------
@@ -38,8 +40,9 @@ from minigrpo import __version__
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points, max_points
 from minigrpo.grading.reports.feedback import check_text
+from minigrpo.grading.reports.files import write_text
 from minigrpo.grading.reports.gradebook import class_grades
-from minigrpo.grading.runner import NotebookReport
+from minigrpo.grading.runner import NotebookReport, Submission
 from minigrpo.grading.sandbox.limits import printable
 
 SUBMISSION = "submission"
@@ -58,13 +61,18 @@ def exercise_ids(names: Sequence[str]) -> list[str]:
     return sorted(set(ids))
 
 
-def not_handed_in_tests(exercise: str) -> list[dict]:
-    """The tests of an exercise the submission has no notebook of: each check at 0 of its maximum."""
-    why = f"no notebook of exercise {exercise} was found in the submission: hand in {exercise}.ipynb"
+def unscored_tests(exercise: str, why: str) -> list[dict]:
+    """The tests of an exercise no notebook of which was graded: each check at 0 of its maximum, and why."""
     return [
         gradescope_test(exercise, {"check": name, "points": 0.0, "max_points": max_points(name), "not_run": why})
         for name in EXERCISES[exercise].checks
     ]
+
+
+def interrupted_line(not_graded: Sequence[Submission]) -> str:
+    """'grading was interrupted before 02_x.ipynb was graded' (a signal stopped it: Gradescope's time limit, say)."""
+    names = ", ".join(Path(submission.path).name for submission in not_graded)
+    return f"grading was interrupted before {names} {'was' if len(not_graded) == 1 else 'were'} graded"
 
 
 def gradescope_test(exercise: str, check: dict) -> dict:
@@ -79,19 +87,32 @@ def gradescope_test(exercise: str, check: dict) -> dict:
     }
 
 
-def results(reports: Sequence[NotebookReport], exercises: Sequence[str] = (), seconds: float = 0.0) -> dict:
+def results(
+    reports: Sequence[NotebookReport],
+    exercises: Sequence[str] = (),
+    seconds: float = 0.0,
+    not_graded: Sequence[Submission] = (),
+) -> dict:
     """results.json for one submission: its `reports` (every notebook graded), over the assignment's `exercises`
-    (ids or numbers; empty: those handed in). `seconds`: how long grading took."""
+    (ids or numbers; empty: those handed in). `seconds`: how long grading took. not_graded: the notebooks a signal
+    (Gradescope's time limit, say) stopped grading before they were graded: the output says so first, and the score
+    counts the notebooks graded before it; an exercise none of whose notebooks was graded scores 0, saying why."""
     mine = [dataclasses.replace(r, student=SUBMISSION) for r in reports]
+    stopped = interrupted_line(not_graded) if not_graded else ""
     grades = class_grades(mine)
     grade = grades.students[0] if grades.students else None
     assignment = exercise_ids(exercises) or grades.exercises
     tests, summary = [], []
     for exercise in assignment:
         report = grade.exercises.get(exercise) if grade else None
-        if report is None:
-            tests += not_handed_in_tests(exercise)
-            summary.append(f"{exercise}: 0/{format_points(EXERCISES[exercise].max_points)} points (not handed in)")
+        if report is None:  # none handed in, or none graded before a signal stopped grading
+            if not_graded:
+                why, said = f"no notebook of exercise {exercise} was graded: {stopped}", "not graded"
+            else:
+                why = f"no notebook of exercise {exercise} was found in the submission: hand in {exercise}.ipynb"
+                said = "not handed in"
+            tests += unscored_tests(exercise, why)
+            summary.append(f"{exercise}: 0/{format_points(EXERCISES[exercise].max_points)} points ({said})")
             continue
         tests += [gradescope_test(exercise, check) for check in report.checks]
         line = f"{exercise}: {format_points(report.points)}/{format_points(report.max_points)} points"
@@ -109,6 +130,11 @@ def results(reports: Sequence[NotebookReport], exercises: Sequence[str] = (), se
     head = (
         f"minigrpo {__version__} graded {len(mine)} notebook(s): {format_points(score)}/{format_points(most)} points."
     )
+    if not_graded:
+        they = ("it scores", "it") if len(not_graded) == 1 else ("they score", "them")
+        summary.insert(
+            0, f"{stopped}: {they[0]} 0 here, and this score counts only the notebooks graded before {they[1]}"
+        )
     output = "\n".join([head, *summary])
     return {
         "score": score,
@@ -118,11 +144,15 @@ def results(reports: Sequence[NotebookReport], exercises: Sequence[str] = (), se
     }
 
 
-def write_results(reports: Sequence[NotebookReport], path: str | Path, exercises: Sequence[str] = (), seconds=0.0):
-    """results.json (`results`) to `path`, its folder made if missing."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results(reports, exercises, seconds), indent=1) + "\n", encoding="utf-8")
+def write_results(
+    reports: Sequence[NotebookReport],
+    path: str | Path,
+    exercises: Sequence[str] = (),
+    seconds: float = 0.0,
+    not_graded: Sequence[Submission] = (),
+) -> None:
+    """results.json (`results`) to `path`, whole or not at all (`files.write_text`), its folder made if missing."""
+    write_text(path, json.dumps(results(reports, exercises, seconds, not_graded), indent=1) + "\n")
 
 
 # --- the autograder zip -----------------------------------------------------------------------------------

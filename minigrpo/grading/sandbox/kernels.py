@@ -14,7 +14,9 @@
 - Widgets' messages (comms) are ignored: the grader saves no notebook.
 - The kernel is started and stopped here, not by nbclient's `async_setup_kernel`,
   whose SIGINT and SIGTERM handlers stop the kernel and let grading go on
-  (`minigrpo.grading.sandbox.processes.Interrupts` stops grading instead).
+  (`minigrpo.grading.sandbox.processes.Interrupts` stops grading instead). A cell
+  that a signal cancels leaves no task of nbclient's running: `stop_kernel` ends
+  its poll of the kernel, which would fail once the kernel is gone.
 
 Imported only when a notebook is graded: jupyter_client, nbclient and zmq come
 with the package's `notebooks` / `test` extras, and a learner's
@@ -76,6 +78,18 @@ class GradingClient(NotebookClient):
     budget: OutputBudget
     finished: set[int]
     timed_out: list[int]
+    polls: set[asyncio.Task]
+
+    async def _async_poll_kernel_alive(self) -> None:
+        """nbclient's poll of the kernel while a cell runs, kept in `polls` for `stop_kernel` to end: nbclient leaves
+        it running when the cell is cancelled (SIGINT, SIGTERM), and its next look at the stopped client fails, which
+        asyncio prints as "Task exception was never retrieved ... AssertionError"."""
+        task = asyncio.current_task()
+        self.polls.add(task)
+        try:
+            await super()._async_poll_kernel_alive()
+        finally:
+            self.polls.discard(task)
 
     def note_timeout(self, cell, cell_index, execute_reply) -> None:
         """nbclient's on_cell_executed hook: a cell whose reply is the timeout's stand-in ran out of time."""
@@ -154,7 +168,7 @@ def grading_client(nb, folder: Path, cwd: Path, timeout: float) -> GradingClient
             f"--IPKernelApp.exec_lines={_CUT_OUTPUT}",  # small messages, however much a cell prints
         ],
     )
-    client.budget, client.finished, client.timed_out = OutputBudget(), set(), []
+    client.budget, client.finished, client.timed_out, client.polls = OutputBudget(), set(), [], set()
     client.on_cell_executed = client.note_timeout
     return client
 
@@ -170,7 +184,10 @@ async def start_kernel(client: GradingClient, env: dict) -> int:
 
 
 async def stop_kernel(client: GradingClient) -> None:
-    """Disconnect, reap the kernel (the runner has killed it) and remove its connection file; never raises."""
+    """End nbclient's polls of the kernel, disconnect, reap the kernel (the runner has killed it) and remove its
+    connection file; never raises."""
+    for poll in client.polls:
+        poll.cancel()
     km = client.km
     if client.kc is not None:
         client.kc.stop_channels()
