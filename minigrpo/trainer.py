@@ -18,7 +18,6 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -316,13 +315,11 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         allow_dataset_change: resume even though train_dataset is not the one the checkpoint was trained on (its
         fingerprint differs): the run continues on the new set, its prompt sampler starting afresh.
         Without resume, an output_dir holding an earlier run is refused unless config.overwrite_output_dir.
-        output_dir is locked while training: a second trainer on it gets an error.
+        output_dir (and a separate logging_dir) is locked while training: a second trainer on it gets an error.
         """
         config = self.config
-        # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
-        lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
         # SIGTERM / SIGHUP save and stop as Ctrl-C does; transformers' own bars (checkpoint writes) stay off our bar
-        with lock, termination_as_interrupt(), library_bars_off():
+        with self._locked_folders(), termination_as_interrupt(), library_bars_off():
             self._begin(resume_from_checkpoint, allow_config_change, allow_dataset_change)
             self.model.train()
             progress = self._progress_bar()
