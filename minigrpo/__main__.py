@@ -327,6 +327,7 @@ def run_train(args: argparse.Namespace) -> None:
     from minigrpo.run import distributed
     from minigrpo.run.evaluation import evaluate_model
     from minigrpo.run.progress import last_evaluation, library_bars_off, run_summary
+    from minigrpo.run.trackers import resolve_trackers
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer
 
@@ -343,6 +344,7 @@ def run_train(args: argparse.Namespace) -> None:
     check_output_dir(config.output_dir)
     if config.logging_dir is not None:
         check_output_dir(config.logging_dir, "--logging-dir")
+    resolve_trackers(config.report_to)  # --report-to wandb without wandb: said now, not after the model loads
     distributed.init_from_environment()  # under torchrun: join the process group (and pick this rank's GPU)
     say = print if distributed.is_main_process() else lambda *_: None  # one copy of each line, from rank 0
     model, tokenizer = load_checked(model_name)
@@ -497,13 +499,15 @@ OPTIONAL_MODULES = {"nbformat": "grade", "nbclient": "grade", "jupyter_client": 
 
 def usage_errors() -> tuple[type[BaseException], ...]:
     """The errors reported on one line: bad input (ValueError, OSError) and minigrpo's own errors that name what to
-    change. Each of minigrpo's classes is taken from its module only if that module was imported: an error of a
-    module that never loaded cannot have been raised, and importing it here would load torch for nothing."""
+    change (a tracker --report-to names that is not installed among them). Each of minigrpo's classes is taken from
+    its module only if that module was imported: an error of a module that never loaded cannot have been raised, and
+    importing it here would load torch for nothing."""
     errors = [ValueError, OSError]
     for module, name in (
         ("minigrpo.rewards", "RewardFunctionError"),
         ("minigrpo.run.checkpoints", "CheckpointError"),
         ("minigrpo.run.distributed", "RankFailedError"),
+        ("minigrpo.run.trackers", "MissingTrackerError"),
     ):
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))

@@ -119,3 +119,9 @@ def test_grade_says_what_it_does_before_it_starts(capsys, monkeypatch, tmp_path)
     ]
     assert main(["grade", str(tmp_path / "nothing-here")]) == 0  # a missing path: the grader's own error, no line
     assert said_first[1] == ""
+
+
+def test_a_tracker_that_is_not_installed_is_one_line(capsys, monkeypatch):
+    monkeypatch.setattr("minigrpo.run.trackers.is_installed", lambda tracker: tracker != "wandb")
+    line = run(capsys, "train", "--report-to", "wandb")
+    assert "report_to='wandb': wandb is not installed" in line and "pip install 'minigrpo[trackers]'" in line
