@@ -408,9 +408,25 @@ def eval_config(model_name: str) -> GRPOConfig:
     config = GRPOConfig.for_model(model_name)
     recorded = Path(model_name) / EVAL_SETTINGS_FILE
     if model_name != "tiny" and recorded.is_file():
-        settings = json.loads(recorded.read_text())
-        config = config.replace(**{name: settings[name] for name in EVAL_FIELDS if name in settings})
+        try:
+            settings = json.loads(recorded.read_text())
+            if not isinstance(settings, dict):
+                raise TypeError(f"it holds {type(settings).__name__} {settings!r}, not a JSON object")
+            config = config.replace(**{name: settings[name] for name in EVAL_FIELDS if name in settings})
+        except (ValueError, TypeError) as error:  # not JSON (a ValueError), or a value GRPOConfig refuses
+            raise ValueError(
+                f"{recorded}: {_settings_problem(error)}. It records the settings train evaluated with (a JSON object "
+                f"of {', '.join(EVAL_FIELDS)}): correct it, or delete the file to evaluate with the preset's settings."
+            ) from error
     return config
+
+
+def _settings_problem(error: Exception) -> str:
+    """What is wrong with an eval_settings.json, from the error reading it raised (without GRPOConfig's mention of
+    the bare default, which is not what the run used)."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"not valid JSON ({error})"
+    return _first_line(error).removeprefix("GRPOConfig: ").split(" (its default: ")[0].rstrip(".")
 
 
 def eval_settings(config: GRPOConfig) -> str:
