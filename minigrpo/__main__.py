@@ -23,12 +23,15 @@ import json
 import os
 import re
 import sys
+import textwrap
 import time
 import types
 import typing
 from pathlib import Path
 
-from minigrpo.config import GROUPS, OPTIONS, GRPOConfig  # no torch: --help prints before torch and transformers load
+# no torch: --help prints before torch and transformers load
+from minigrpo.config import GROUPS, OPTIONS, PRESETS, REFUSED_SWITCHES, GRPOConfig, preset_for
+from minigrpo.trl_compat import BATCH_FIELDS
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
 MAX_EVAL_SIZE = 10_000  # the held-out half of the problems with operands 0..99 holds fewer distinct ones
@@ -39,9 +42,14 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 FLAG_GROUPS = {
-    title: tuple(name for name, option in OPTIONS.items() if option.group == group) for group, title in GROUPS.items()
+    title: tuple(name for name, option in OPTIONS.items() if option.group == group and not option.refused)
+    for group, title in GROUPS.items()
 }
-"""The train command's GRPOConfig flags by --help section, read from each field's Option (config.GROUPS)."""
+"""The train command's GRPOConfig flags by --help section, read from each field's Option (config.GROUPS); TRL's
+switches that minigrpo refuses at True are in TRL_SWITCHES instead."""
+TRL_SWITCHES = tuple(REFUSED_SWITCHES)
+"""Flags that exist for TRL scripts and recipes (--use-vllm, --fp16, --push-to-hub, ...): accepted at False, refused at
+True (config.REFUSED_SWITCHES). --help names them on one line instead of an entry each."""
 
 
 @functools.cache
@@ -77,18 +85,60 @@ def first_sentence(text: str) -> str:
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
     """One --flag per GRPOConfig field (--learning-rate, --beta, --loss-type, ...), with its docstring's first
-    sentence as help, in FLAG_GROUPS' groups."""
+    sentence and the preset's value as help, in FLAG_GROUPS' groups; TRL_SWITCHES in a group of their own, named
+    on its one line."""
     hints = typing.get_type_hints(GRPOConfig)
     helps = config_field_help()
-    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    tiny, other = preset_defaults("tiny"), preset_defaults("Qwen/Qwen2.5-0.5B-Instruct")  # other: any model but tiny
     for title, names in FLAG_GROUPS.items():
         group = parser.add_argument_group(f"GRPOConfig: {title}")
         for name in names:
-            if name in fields:
-                _add_config_flag(group, name, hints[name], helps.get(name))
+            if name in BATCH_FIELDS and tiny[name] is None is other[name]:
+                shown = "None, derived from the others"
+            elif tiny[name] == other[name]:
+                shown = _shown(tiny[name])
+            else:
+                shown = f"{_shown(tiny[name])} for 'tiny', {_shown(other[name])} for other models"
+            _add_config_flag(group, name, hints[name], f"{helps.get(name, '')} (default: {shown})".lstrip())
+    flags = [f"--{name.replace('_', '-')}" for name in TRL_SWITCHES]
+    switches = parser.add_argument_group(
+        "TRL's switches",
+        f"{', '.join(flags)}: these exist for TRL scripts and recipes that pass them. Each is accepted at False "
+        "(--no-use-vllm) and refused at True, with what minigrpo does instead (docs/trl.md).",
+    )
+    for name in TRL_SWITCHES:
+        _add_config_flag(switches, name, hints[name], argparse.SUPPRESS)
 
 
-def _add_config_flag(group, name: str, kind, help_line: str | None) -> None:
+def preset_defaults(model_name: str) -> dict:
+    """Every GRPOConfig field's value in `train --model model_name` when its flag is not given: the model's preset
+    (config.preset_for), else the field's default, with the task's reward weights (make_config). Read from the
+    presets, not from a built config, which would load torch; a batch field left None is derived when one is built."""
+    defaults = {field.name: field.default for field in dataclasses.fields(GRPOConfig)}
+    return defaults | PRESETS[preset_for(model_name)] | {"reward_weights": list(task_reward_weights())}
+
+
+@functools.cache
+def task_reward_weights() -> tuple[float, ...]:
+    """tasks.arithmetic.REWARD_WEIGHTS, read from the module's source with ast (importing it loads datasets)."""
+    import minigrpo.tasks
+
+    source = Path(minigrpo.tasks.__file__).with_name("arithmetic.py").read_text(encoding="utf-8")
+    (value,) = (
+        node.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "REWARD_WEIGHTS"
+    )
+    return ast.literal_eval(value)
+
+
+def _shown(value) -> str:
+    """A default as the flag takes it: [1.0, 0.1] -> '1.0 0.1'."""
+    shown = " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    return shown.replace("%", "%%")  # argparse formats help with %
+
+
+def _add_config_flag(group, name: str, kind, help_line: str) -> None:
     flag = "--" + name.replace("_", "-")
     optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
     choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
@@ -197,8 +247,9 @@ def _first_line(error: BaseException) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minigrpo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    add_command = functools.partial(commands.add_parser, formatter_class=HelpFormatter)
 
-    train = commands.add_parser(
+    train = add_command(
         "train",
         help="train a model with GRPO on arithmetic",
         usage="%(prog)s [--model MODEL] [--resume] [--eval-size N] [--GRPOConfig-field VALUE ...]",
@@ -219,20 +270,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume: continue on this training set although the checkpoint's run trained on another one "
         "(the prompt sampler starts afresh)",
     )
-    train.add_argument("--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems for accuracy")
+    train.add_argument(
+        "--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems for accuracy (default: %(default)s)"
+    )
     _config_flags(train)
 
-    evaluate = commands.add_parser("eval", help="held-out greedy accuracy of a model")
-    evaluate.add_argument("--model", default="tiny", help="'tiny', a Hub id or a local path (e.g. runs/minigrpo/final)")
-    evaluate.add_argument("--eval-size", type=int, default=EVAL_PROMPTS)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate = add_command("eval", help="held-out greedy accuracy of a model")
+    evaluate.add_argument(
+        "--model",
+        default="tiny",
+        help="'tiny', a Hub id or a local path (e.g. runs/minigrpo/final) (default: %(default)s)",
+    )
+    evaluate.add_argument(
+        "--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems to score (default: %(default)s)"
+    )
+    evaluate.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="which held-out problems are drawn (default: %(default)s, the ones train evaluates on)",
+    )
 
-    pretrain = commands.add_parser("pretrain-tiny", help="rebuild the bundled tiny Qwen (supervised warm-up)")
-    pretrain.add_argument("--output-dir", default=None, help="default: the package's assets/tiny-qwen")
-    pretrain.add_argument("--target-accuracy", type=float, default=0.3, help="stop once held-out accuracy reaches it")
-    pretrain.add_argument("--seed", type=int, default=0)
+    pretrain = add_command("pretrain-tiny", help="rebuild the bundled tiny Qwen (supervised warm-up)")
+    pretrain.add_argument(
+        "--output-dir", default=None, help="where to write it (default: the package's assets/tiny-qwen)"
+    )
+    pretrain.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.3,
+        help="stop once held-out accuracy reaches it (default: %(default)s)",
+    )
+    pretrain.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the weights, the training problems and the held-out ones (default: %(default)s)",
+    )
 
-    grade = commands.add_parser(
+    grade = add_command(
         "grade",
         help="grade an exercise notebook, or a class's folder of them",
         description="Grade notebooks: a .ipynb file, a flat folder (the student is the file's stem), a folder per "
@@ -275,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --gradescope: an exercise the assignment asks for (id or number; repeat for more); one not handed "
         "in scores 0 of its maximum (default: the exercises handed in)",
     )
-    autograder = commands.add_parser(
+    autograder = add_command(
         "autograder",
         help="write Gradescope's autograder zip for an exercise",
         description="Write a zip for Gradescope: setup.sh (CPU torch and minigrpo from WHEEL, this very version) and "
@@ -289,6 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (train, evaluate, pretrain, grade, autograder):
         command.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     return parser
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with lines broken between words only: never inside a flag (--push-to-hub), a file name or
+    a number such as 1e-06."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)  # fmt: skip
 
 
 def _time_limits() -> str:

@@ -609,9 +609,8 @@ class GRPOConfig:
     @classmethod
     def for_model(cls, model_name: str, **overrides) -> GRPOConfig:
         """The preset for a model: tiny_cpu() for the bundled "tiny" model, qwen_t4() for anything else
-        (a Hub id or a local path of a real Qwen). The one place that choice is made."""
-        preset = cls.tiny_cpu if model_name == "tiny" else cls.qwen_t4
-        return preset(**overrides)
+        (a Hub id or a local path of a real Qwen), as preset_for chooses."""
+        return getattr(cls, preset_for(model_name))(**overrides)
 
     @classmethod
     def qwen_t4(cls, **overrides) -> GRPOConfig:
@@ -771,6 +770,14 @@ QWEN_T4 = dict(
 )
 
 QWEN1_5B_LORA_T4 = dict(QWEN_T4, learning_rate=1e-5)
+
+
+def preset_for(model_name: str) -> str:
+    """The name of the preset for a model (a key of PRESETS, and the GRPOConfig class method): "tiny_cpu" for the
+    bundled "tiny" model, "qwen_t4" for anything else. The one place that choice is made (for_model; the command
+    line's --help shows both presets' values)."""
+    return "tiny_cpu" if model_name == "tiny" else "qwen_t4"
+
 
 PRESETS = {
     "deepseekmath": DEEPSEEKMATH,
