@@ -148,14 +148,15 @@ def test_train_help_shows_the_presets_values():
 
 def test_the_values_help_shows_are_those_train_runs_with():
     """preset_defaults reads the presets without building a config (which loads torch): the same values as the
-    configs train builds (make_config), but for the batch fields derived from None."""
+    configs train builds (make_config), but for the fields a config resolves from None (the batch sizes,
+    eval_strategy), which help shows as None."""
     from minigrpo.__main__ import make_config, preset_defaults
-    from minigrpo.trl_compat import BATCH_FIELDS
+    from minigrpo.config import RESOLVED_FIELDS
 
     for model in ("tiny", "Qwen/Qwen2.5-0.5B-Instruct"):
         shown, built = preset_defaults(model), make_config(model, {})
         for field in dataclasses.fields(GRPOConfig):
-            if not (field.name in BATCH_FIELDS and shown[field.name] is None):
+            if not (field.name in RESOLVED_FIELDS and shown[field.name] is None):
                 assert shown[field.name] == getattr(built, field.name), (model, field.name)
 
 
