@@ -24,12 +24,15 @@ import json
 import os
 import re
 import sys
+import textwrap
 import time
 import types
 import typing
 from pathlib import Path
 
-from minigrpo.config import GROUPS, OPTIONS, GRPOConfig  # no torch: --help prints before torch and transformers load
+# no torch: --help prints before torch and transformers load
+from minigrpo.config import GROUPS, OPTIONS, PRESETS, REFUSED_SWITCHES, GRPOConfig, preset_for
+from minigrpo.trl_compat import BATCH_FIELDS
 
 TRAIN_PROMPTS, EVAL_PROMPTS = 2000, 200
 MAX_EVAL_SIZE = 10_000  # the held-out half of the problems with operands 0..99 holds fewer distinct ones
@@ -40,9 +43,14 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 
 FLAG_GROUPS = {
-    title: tuple(name for name, option in OPTIONS.items() if option.group == group) for group, title in GROUPS.items()
+    title: tuple(name for name, option in OPTIONS.items() if option.group == group and not option.refused)
+    for group, title in GROUPS.items()
 }
-"""The train command's GRPOConfig flags by --help section, read from each field's Option (config.GROUPS)."""
+"""The train command's GRPOConfig flags by --help section, read from each field's Option (config.GROUPS); TRL's
+switches that minigrpo refuses at True are in TRL_SWITCHES instead."""
+TRL_SWITCHES = tuple(REFUSED_SWITCHES)
+"""Flags that exist for TRL scripts and recipes (--use-vllm, --fp16, --push-to-hub, ...): accepted at False, refused at
+True (config.REFUSED_SWITCHES). --help names them on one line instead of an entry each."""
 
 
 @functools.cache
@@ -78,18 +86,60 @@ def first_sentence(text: str) -> str:
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
     """One --flag per GRPOConfig field (--learning-rate, --beta, --loss-type, ...), with its docstring's first
-    sentence as help, in FLAG_GROUPS' groups."""
+    sentence and the preset's value as help, in FLAG_GROUPS' groups; TRL_SWITCHES in a group of their own, named
+    on its one line."""
     hints = typing.get_type_hints(GRPOConfig)
     helps = config_field_help()
-    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    tiny, other = preset_defaults("tiny"), preset_defaults("Qwen/Qwen2.5-0.5B-Instruct")  # other: any model but tiny
     for title, names in FLAG_GROUPS.items():
         group = parser.add_argument_group(f"GRPOConfig: {title}")
         for name in names:
-            if name in fields:
-                _add_config_flag(group, name, hints[name], helps.get(name))
+            if name in BATCH_FIELDS and tiny[name] is None is other[name]:
+                shown = "None, derived from the others"
+            elif tiny[name] == other[name]:
+                shown = _shown(tiny[name])
+            else:
+                shown = f"{_shown(tiny[name])} for 'tiny', {_shown(other[name])} for other models"
+            _add_config_flag(group, name, hints[name], f"{helps.get(name, '')} (default: {shown})".lstrip())
+    flags = [f"--{name.replace('_', '-')}" for name in TRL_SWITCHES]
+    switches = parser.add_argument_group(
+        "TRL's switches",
+        f"{', '.join(flags)}: these exist for TRL scripts and recipes that pass them. Each is accepted at False "
+        "(--no-use-vllm) and refused at True, with what minigrpo does instead (docs/trl.md).",
+    )
+    for name in TRL_SWITCHES:
+        _add_config_flag(switches, name, hints[name], argparse.SUPPRESS)
 
 
-def _add_config_flag(group, name: str, kind, help_line: str | None) -> None:
+def preset_defaults(model_name: str) -> dict:
+    """Every GRPOConfig field's value in `train --model model_name` when its flag is not given: the model's preset
+    (config.preset_for), else the field's default, with the task's reward weights (make_config). Read from the
+    presets, not from a built config, which would load torch; a batch field left None is derived when one is built."""
+    defaults = {field.name: field.default for field in dataclasses.fields(GRPOConfig)}
+    return defaults | PRESETS[preset_for(model_name)] | {"reward_weights": list(task_reward_weights())}
+
+
+@functools.cache
+def task_reward_weights() -> tuple[float, ...]:
+    """tasks.arithmetic.REWARD_WEIGHTS, read from the module's source with ast (importing it loads datasets)."""
+    import minigrpo.tasks
+
+    source = Path(minigrpo.tasks.__file__).with_name("arithmetic.py").read_text(encoding="utf-8")
+    (value,) = (
+        node.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "REWARD_WEIGHTS"
+    )
+    return ast.literal_eval(value)
+
+
+def _shown(value) -> str:
+    """A default as the flag takes it: [1.0, 0.1] -> '1.0 0.1'."""
+    shown = " ".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
+    return shown.replace("%", "%%")  # argparse formats help with %
+
+
+def _add_config_flag(group, name: str, kind, help_line: str) -> None:
     flag = "--" + name.replace("_", "-")
     optional = typing.get_origin(kind) in (typing.Union, types.UnionType)
     choices = [a for a in typing.get_args(kind) if a is not type(None)] if optional else [kind]
@@ -233,8 +283,9 @@ def _first_line(error: BaseException) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minigrpo", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    add_command = functools.partial(commands.add_parser, formatter_class=HelpFormatter)
 
-    train = commands.add_parser(
+    train = add_command(
         "train",
         help="train a model with GRPO on arithmetic",
         usage="%(prog)s [--model MODEL] [--resume] [--eval-size N] [--GRPOConfig-field VALUE ...]",
@@ -255,20 +306,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume: continue on this training set although the checkpoint's run trained on another one "
         "(the prompt sampler starts afresh)",
     )
-    train.add_argument("--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems for accuracy")
+    train.add_argument(
+        "--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems for accuracy (default: %(default)s)"
+    )
     _config_flags(train)
 
-    evaluate = commands.add_parser("eval", help="held-out greedy accuracy of a model")
-    evaluate.add_argument("--model", default="tiny", help="'tiny', a Hub id or a local path (e.g. runs/minigrpo/final)")
-    evaluate.add_argument("--eval-size", type=int, default=EVAL_PROMPTS)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate = add_command("eval", help="held-out greedy accuracy of a model")
+    evaluate.add_argument(
+        "--model",
+        default="tiny",
+        help="'tiny', a Hub id or a local path (e.g. runs/minigrpo/final) (default: %(default)s)",
+    )
+    evaluate.add_argument(
+        "--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems to score (default: %(default)s)"
+    )
+    evaluate.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="which held-out problems are drawn (default: %(default)s, the ones train evaluates on)",
+    )
 
-    pretrain = commands.add_parser("pretrain-tiny", help="rebuild the bundled tiny Qwen (supervised warm-up)")
-    pretrain.add_argument("--output-dir", default=None, help="default: the package's assets/tiny-qwen")
-    pretrain.add_argument("--target-accuracy", type=float, default=0.3, help="stop once held-out accuracy reaches it")
-    pretrain.add_argument("--seed", type=int, default=0)
+    pretrain = add_command("pretrain-tiny", help="rebuild the bundled tiny Qwen (supervised warm-up)")
+    pretrain.add_argument(
+        "--output-dir", default=None, help="where to write it (default: the package's assets/tiny-qwen)"
+    )
+    pretrain.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.3,
+        help="stop once held-out accuracy reaches it (default: %(default)s)",
+    )
+    pretrain.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the weights, the training problems and the held-out ones (default: %(default)s)",
+    )
 
-    grade = commands.add_parser(
+    grade = add_command(
         "grade",
         help="grade an exercise notebook, or a class's folder of them",
         description="Grade notebooks: a .ipynb file, a flat folder (the student is the file's stem), a folder per "
@@ -311,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --gradescope: an exercise the assignment asks for (id or number; repeat for more); one not handed "
         "in scores 0 of its maximum (default: the exercises handed in)",
     )
-    autograder = commands.add_parser(
+    autograder = add_command(
         "autograder",
         help="write Gradescope's autograder zip for an exercise",
         description="Write a zip for Gradescope: setup.sh (CPU torch and minigrpo from WHEEL, this very version) and "
@@ -325,6 +401,18 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (train, evaluate, pretrain, grade, autograder):
         command.add_argument("--debug", action="store_true", help="on an error, show the full traceback")
     return parser
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help, with lines broken between words only: never inside a flag (--push-to-hub), a file name or
+    a number such as 1e-06."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)  # fmt: skip
 
 
 def _time_limits() -> str:
@@ -363,6 +451,7 @@ def run_train(args: argparse.Namespace) -> None:
     from minigrpo.run import distributed
     from minigrpo.run.evaluation import evaluate_model
     from minigrpo.run.progress import last_evaluation, library_bars_off, run_summary
+    from minigrpo.run.trackers import resolve_trackers
     from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer
 
@@ -379,6 +468,7 @@ def run_train(args: argparse.Namespace) -> None:
     check_output_dir(config.output_dir)
     if config.logging_dir is not None:
         check_output_dir(config.logging_dir, "--logging-dir")
+    resolve_trackers(config.report_to)  # --report-to wandb without wandb: said now, not after the model loads
     distributed.init_from_environment()  # under torchrun: join the process group (and pick this rank's GPU)
     say = print if distributed.is_main_process() else lambda *_: None  # one copy of each line, from rank 0
     model, tokenizer = load_checked(model_name)
@@ -442,9 +532,25 @@ def eval_config(model_name: str) -> GRPOConfig:
     config = GRPOConfig.for_model(model_name)
     recorded = Path(model_name) / EVAL_SETTINGS_FILE
     if model_name != "tiny" and recorded.is_file():
-        settings = json.loads(recorded.read_text())
-        config = config.replace(**{name: settings[name] for name in EVAL_FIELDS if name in settings})
+        try:
+            settings = json.loads(recorded.read_text())
+            if not isinstance(settings, dict):
+                raise TypeError(f"it holds {type(settings).__name__} {settings!r}, not a JSON object")
+            config = config.replace(**{name: settings[name] for name in EVAL_FIELDS if name in settings})
+        except (ValueError, TypeError) as error:  # not JSON (a ValueError), or a value GRPOConfig refuses
+            raise ValueError(
+                f"{recorded}: {_settings_problem(error)}. It records the settings train evaluated with (a JSON object "
+                f"of {', '.join(EVAL_FIELDS)}): correct it, or delete the file to evaluate with the preset's settings."
+            ) from error
     return config
+
+
+def _settings_problem(error: Exception) -> str:
+    """What is wrong with an eval_settings.json, from the error reading it raised (without GRPOConfig's mention of
+    the bare default, which is not what the run used)."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"not valid JSON ({error})"
+    return _first_line(error).removeprefix("GRPOConfig: ").split(" (its default: ")[0].rstrip(".")
 
 
 def eval_settings(config: GRPOConfig) -> str:
@@ -536,13 +642,15 @@ OPTIONAL_MODULES = {"nbformat": "grade", "nbclient": "grade", "jupyter_client": 
 
 def usage_errors() -> tuple[type[BaseException], ...]:
     """The errors reported on one line: bad input (ValueError, OSError) and minigrpo's own errors that name what to
-    change. Each of minigrpo's classes is taken from its module only if that module was imported: an error of a
-    module that never loaded cannot have been raised, and importing it here would load torch for nothing."""
+    change (a tracker --report-to names that is not installed among them). Each of minigrpo's classes is taken from
+    its module only if that module was imported: an error of a module that never loaded cannot have been raised, and
+    importing it here would load torch for nothing."""
     errors = [ValueError, OSError]
     for module, name in (
         ("minigrpo.rewards", "RewardFunctionError"),
         ("minigrpo.run.checkpoints", "CheckpointError"),
         ("minigrpo.run.distributed", "RankFailedError"),
+        ("minigrpo.run.trackers", "MissingTrackerError"),
     ):
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))

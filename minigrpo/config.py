@@ -44,6 +44,11 @@ BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
+RESOLVED_FIELDS = (*BATCH_FIELDS, "eval_strategy")
+"""Fields whose None a config resolves when it is built: the batch sizes, derived from each other
+(resolve_batch_sizes), and eval_strategy, 'steps'. Each config keeps them as they were given, so that replace()
+resolves them again and eval_generations knows whether eval_strategy was given."""
+
 GROUPS = {
     "model": "model and reference model (TRL)",
     "data": "data preprocessing (TRL)",
@@ -320,14 +325,17 @@ class GRPOConfig:
     hub_private_repo: Annotated[bool | None, Option("logging", resume_free=True)] = None
     """transformers' field: whether a Space that trackio creates is private."""
     eval_strategy: Annotated[
-        Literal["no", "steps"],
+        Literal["no", "steps"] | None,
         Option(
             "logging",
             resume_free=True,
             differs="'steps', not 'no': the course evaluates held-out accuracy during training",
         ),
-    ] = "steps"
-    """'steps': greedy evaluation on eval_dataset every eval_steps and at the end (TRL's default is 'no')."""
+    ] = None
+    """'steps': evaluate on eval_dataset every eval_steps and at the end; 'no': only when trainer.evaluate() is
+    called (TRL's default); None, minigrpo's default, reads 'steps', with greedy accuracy only. Greedy accuracy is
+    always measured; a given eval_strategy (as a TRL script that evaluates gives it, and TRL's parser from
+    --eval_strategy) also samples TRL's eval_loss at each evaluation, as TRL does (eval_generations)."""
     eval_steps: Annotated[
         float | None,
         Option(
@@ -349,9 +357,10 @@ class GRPOConfig:
     ] = 128
     """Prompts per greedy `generate` call during evaluation."""
     num_generations_eval: Annotated[int | None, Option("logging", resume_free=True)] = None
-    """TRL's field, opt-in here: at each evaluation also sample this many completions per held-out prompt and log
-    eval_loss, the GRPO loss on them as TRL's GRPOTrainer computes it (GRPOTrainer.evaluation_loss). None: greedy
-    evaluation only, no eval_loss (G samples per prompt cost about G greedy evaluations)."""
+    """G', completions sampled per held-out prompt at each evaluation for eval_loss, the GRPO loss on them as TRL's
+    GRPOTrainer computes it (GRPOTrainer.evaluation_loss). None, as in TRL: num_generations when eval_strategy is
+    given (a TRL script), and no eval_loss when eval_strategy is minigrpo's default, whose evaluation stays greedy
+    and cheap (G samples per prompt cost about G greedy evaluations): eval_generations says which."""
     logprob_chunk_size: Annotated[int, Option("training", resume_free=True)] = 4096
     """Rows (sequence positions) of logits turned into log-probs at once; bounds fp32 memory."""
     save_strategy: Annotated[Literal["no", "steps"], Option("logging", resume_free=True)] = "steps"
@@ -418,8 +427,11 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model_init_kwargs, str):  # from the command line: a JSON object
             self.model_init_kwargs = _parse_json_object("model_init_kwargs", self.model_init_kwargs)
-        # The batch fields as the user gave them (None = derive), so that replace() re-derives the others.
-        self._given_batch = {name: getattr(self, name) for name in BATCH_FIELDS}
+        # The batch fields and eval_strategy as the user gave them (None = derive), so that replace() derives the
+        # batch fields again and keeps whether eval_strategy was given (eval_generations).
+        self._given = {name: getattr(self, name) for name in RESOLVED_FIELDS}
+        if self.eval_strategy is None:  # minigrpo's default: evaluate every eval_steps, greedily
+            self.eval_strategy = "steps"
         self.validate()
 
     @property
@@ -435,6 +447,16 @@ class GRPOConfig:
     def num_completions(self) -> int:
         """N = B * G, completions per step."""
         return self.prompts_per_step * self.num_generations
+
+    @property
+    def eval_generations(self) -> int | None:
+        """G' of eval_loss, or None for no eval_loss (greedy evaluation only). num_generations_eval when it is set;
+        when it is None, TRL's rule (num_generations) if eval_strategy was given, as every TRL script that
+        evaluates gives it (TRL's default, 'no', never evaluates during training), and None if eval_strategy was
+        left at minigrpo's default: the presets' and `python -m minigrpo train`'s evaluation stays greedy."""
+        if self.num_generations_eval is not None:
+            return self.num_generations_eval
+        return self.num_generations if self._given["eval_strategy"] is not None else None
 
     @property
     def optimizer_steps_per_generation(self) -> int:
@@ -579,7 +601,7 @@ class GRPOConfig:
         The batch sizes `other` derived are derived again; a new prompts_per_step or generation_batch_size
         replaces the other one (and steps_per_generation)."""
         values = {f.name: getattr(other, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(other, f.name)}
-        given = dict(getattr(other, "_given_batch", {}))
+        given = dict(getattr(other, "_given", {}))
         if {"prompts_per_step", "generation_batch_size"} & changes.keys():
             given.update(prompts_per_step=None, generation_batch_size=None, steps_per_generation=None)
         values.update(given)
@@ -609,9 +631,8 @@ class GRPOConfig:
     @classmethod
     def for_model(cls, model_name: str, **overrides) -> GRPOConfig:
         """The preset for a model: tiny_cpu() for the bundled "tiny" model, qwen_t4() for anything else
-        (a Hub id or a local path of a real Qwen). The one place that choice is made."""
-        preset = cls.tiny_cpu if model_name == "tiny" else cls.qwen_t4
-        return preset(**overrides)
+        (a Hub id or a local path of a real Qwen), as preset_for chooses."""
+        return getattr(cls, preset_for(model_name))(**overrides)
 
     @classmethod
     def qwen_t4(cls, **overrides) -> GRPOConfig:
@@ -771,6 +792,14 @@ QWEN_T4 = dict(
 )
 
 QWEN1_5B_LORA_T4 = dict(QWEN_T4, learning_rate=1e-5)
+
+
+def preset_for(model_name: str) -> str:
+    """The name of the preset for a model (a key of PRESETS, and the GRPOConfig class method): "tiny_cpu" for the
+    bundled "tiny" model, "qwen_t4" for anything else. The one place that choice is made (for_model; the command
+    line's --help shows both presets' values)."""
+    return "tiny_cpu" if model_name == "tiny" else "qwen_t4"
+
 
 PRESETS = {
     "deepseekmath": DEEPSEEKMATH,

@@ -18,7 +18,6 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -316,13 +315,11 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         allow_dataset_change: resume even though train_dataset is not the one the checkpoint was trained on (its
         fingerprint differs): the run continues on the new set, its prompt sampler starting afresh.
         Without resume, an output_dir holding an earlier run is refused unless config.overwrite_output_dir.
-        output_dir is locked while training: a second trainer on it gets an error.
+        output_dir (and a separate logging_dir) is locked while training: a second trainer on it gets an error.
         """
         config = self.config
-        # Under torchrun only rank 0 writes to output_dir, so only rank 0 holds its lock.
-        lock = checkpoints.output_dir_lock(self.output_dir) if distributed.is_main_process() else nullcontext()
         # SIGTERM / SIGHUP save and stop as Ctrl-C does; transformers' own bars (checkpoint writes) stay off our bar
-        with lock, termination_as_interrupt(), library_bars_off():
+        with self._locked_folders(), termination_as_interrupt(), library_bars_off():
             self._begin(resume_from_checkpoint, allow_config_change, allow_dataset_change)
             self.model.train()
             progress = self._progress_bar()
@@ -497,15 +494,16 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
 
     def evaluate(self, eval_dataset=None) -> dict:
         """Greedy accuracy on the held-out set (eval_dataset, or the trainer's): TRL's eval_reward and
-        eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model); with
-        config.num_generations_eval, TRL's eval_loss too (GRPOTrainer.evaluation_loss)."""
+        eval_rewards/<name>/mean, with minigrpo's greedy accuracy as eval_accuracy (see evaluate_model); when
+        config.eval_generations is set (num_generations_eval, or a given eval_strategy: a TRL script), TRL's eval_loss
+        too (GRPOTrainer.evaluation_loss)."""
         dataset = as_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError(
                 "evaluate() needs held-out prompts: pass eval_dataset= to the trainer or to evaluate(eval_dataset)."
             )
         metrics = evaluate_model(self.model, self.tokenizer, dataset, self.reward_funcs, self.config)
-        if self.config.num_generations_eval is not None:
+        if self.supports_eval_loss and self.config.eval_generations is not None:
             metrics["eval_loss"] = self.evaluation_loss(dataset)
         self.callback_handler.fire("on_evaluate", self, metrics=metrics)
         return metrics
@@ -670,7 +668,7 @@ class GRPOTrainer(Trainer):
 
     @torch.no_grad()
     def evaluation_loss(self, dataset) -> float:
-        """TRL's eval_loss: the GRPO loss, without gradients, on G' = config.num_generations_eval completions
+        """TRL's eval_loss: the GRPO loss, without gradients, on G' = config.eval_generations completions
         sampled for every held-out prompt, scored and normalised within their group as in training.
 
         The policy that samples is the one scored, so the ratio is exactly 1 and the clipped surrogate is the
@@ -683,7 +681,7 @@ class GRPOTrainer(Trainer):
         One loss over every sample (TRL averages its evaluation batches' losses: the same for 'grpo' and 'dr_grpo',
         within rounding for the others). Every process samples every prompt from the same seeds, so under torchrun
         all ranks return the same number."""
-        config, G = self.config, self.config.num_generations_eval
+        config, G = self.config, self.config.eval_generations
         prompts_per_call = max(1, config.eval_batch_size // G)  # eval_batch_size rows per generate call
         rollouts, advantages = [], []
         for start in range(0, len(dataset), prompts_per_call):

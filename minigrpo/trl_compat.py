@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import types
 
 # What minigrpo does instead, for the fields a TRL GRPO script most often sets.
 INSTEAD = {
@@ -227,8 +228,25 @@ def resolve_batch_sizes(config, processes: int = 1) -> None:
     minigrpo's prompts_per_step is the same quantity seen from the prompts: giving it sets
     generation_batch_size = B * G and, unless gradient_accumulation_steps is given, makes each generation one
     optimizer step over all of its N = B * G completions (DeepSeekMath's on-policy update).
+
+    Under torchrun each process takes B/K whole groups (group statistics never cross processes), so B must be a
+    multiple of K; when it is not, no micro-batch size helps, and the error names the prompts per step, G and
+    process counts that work (split_advice).
     """
-    c, G, mb = config, config.num_generations, config.per_device_train_batch_size
+    given = {name: getattr(config, name) for name in BATCH_FIELDS}
+    try:
+        _derive_batch_sizes(config, processes)
+    except _UnevenSplitError as error:
+        raise ValueError(f"{error} {split_advice(config, given, processes)}") from None
+
+
+class _UnevenSplitError(ValueError):
+    """B prompts that K processes cannot share in whole groups."""
+
+
+def _derive_batch_sizes(c, processes: int) -> None:
+    """resolve_batch_sizes' rule on the batch fields of `c` (a config, or a trial of split_advice)."""
+    G, mb = c.num_generations, c.per_device_train_batch_size
     if mb < 1:
         raise ValueError(f"per_device_train_batch_size={mb}: it must be 1 or more.")
     for name in BATCH_FIELDS:
@@ -248,7 +266,8 @@ def resolve_batch_sizes(config, processes: int = 1) -> None:
                 f"disagree (micro-batches of {mb} x {processes} process(es)): give one of the two."
             )
     elif c.generation_batch_size is not None:
-        if c.prompts_per_step is not None and c.generation_batch_size % processes == 0:
+        _check_whole_groups(c, processes)  # first: no micro-batch size can mend a generation K cannot share
+        if c.prompts_per_step is not None:
             # minigrpo's spelling: a micro-batch larger than a process's share of the generation is that share
             # (the tiny preset's 128 on one process is 64 on each of two)
             mb = min(mb, c.generation_batch_size // processes)
@@ -269,18 +288,76 @@ def resolve_batch_sizes(config, processes: int = 1) -> None:
             c.steps_per_generation = c.gradient_accumulation_steps
         c.generation_batch_size = mb * processes * c.steps_per_generation
     c.gradient_accumulation_steps = c.gradient_accumulation_steps or 1
-    if c.generation_batch_size % G != 0:
-        raise ValueError(
-            f"generation_batch_size={c.generation_batch_size} is not a whole number of groups of "
-            f"num_generations={G}: make it a multiple of {G} (per_device_train_batch_size x processes x "
-            "steps_per_generation), or give prompts_per_step instead."
-        )
+    _check_whole_groups(c, processes)
     if c.steps_per_generation % c.gradient_accumulation_steps != 0:
         raise ValueError(
             f"steps_per_generation={c.steps_per_generation} is not a multiple of gradient_accumulation_steps="
             f"{c.gradient_accumulation_steps}: each generation must feed whole optimizer steps."
         )
     c.prompts_per_step = c.generation_batch_size // G
+
+
+def _check_whole_groups(c, processes: int) -> None:
+    """A generation is whole groups of G, and each of the K processes takes B/K of them."""
+    G, completions = c.num_generations, c.generation_batch_size
+    if completions % G != 0:
+        raise ValueError(
+            f"generation_batch_size={completions} is not a whole number of groups of "
+            f"num_generations={G}: make it a multiple of {G} (per_device_train_batch_size x processes x "
+            "steps_per_generation), or give prompts_per_step instead."
+        )
+    B = completions // G
+    if B % processes != 0:
+        raise _UnevenSplitError(
+            f"a generation of {B} prompts x G={G} = {completions} completions cannot be split over {processes} "
+            f"processes: each process takes whole groups (B/K prompts, each with its G completions), and B = {B} is "
+            f"not a multiple of K = {processes}, whatever the micro-batch size."
+        )
+
+
+def split_advice(config, given: dict, processes: int) -> str:
+    """What works instead when B prompts do not split over K processes, each candidate tried with the batch rule and
+    the other fields as given: the nearest prompts per step (or generation_batch_size, when that is how the
+    generation was sized) below and above that K divides, the nearest G (when B is not given), and the counts of
+    processes up to max(8, 2K)."""
+    G, B = config.num_generations, config.generation_batch_size // config.num_generations
+
+    def works(processes: int = processes, **changes) -> bool:
+        fields = {"num_generations": G, "per_device_train_batch_size": config.per_device_train_batch_size, **given}
+        trial = types.SimpleNamespace(**(fields | changes))
+        try:
+            _derive_batch_sizes(trial, processes)
+        except ValueError:
+            return False
+        return True
+
+    def nearest(values, change) -> list[int]:  # the first value of each direction that works
+        return [next((v for v in direction if works(**change(v))), None) for direction in values]
+
+    options = []
+    by_size = given["generation_batch_size"] is not None and given["prompts_per_step"] is None
+    multiples = (range(B - B % processes, 0, -processes), range(B + processes - B % processes, 8 * B, processes))
+    if by_size:  # TRL's spelling: size the generation in completions
+        found = nearest(multiples, lambda b: {"generation_batch_size": b * G})
+        options.append(("generation_batch_size", [b * G for b in found if b is not None]))
+    else:
+        found = nearest(multiples, lambda b: {"prompts_per_step": b, "generation_batch_size": None})
+        options.append(("prompts_per_step", [b for b in found if b is not None]))
+    if given["prompts_per_step"] is None:  # G sizes B only when the generation is sized in completions
+        found = nearest((range(G - 1, 1, -1), range(G + 1, 4 * G)), lambda g: {"num_generations": g})
+        options.append(("num_generations", [g for g in found if g is not None]))
+    counts = [k for k in range(2, max(8, 2 * processes) + 1) if k != processes and works(processes=k)]
+    said = [f"{name}={' or '.join(map(str, values))}" for name, values in options if values]
+    if counts:
+        said.append(f"or {_listed(counts)} processes (torchrun --nproc-per-node)")
+    if not said:
+        return f"Make B = generation_batch_size / G a multiple of {processes}."
+    return "What works: " + "; ".join(said) + "."
+
+
+def _listed(values: list[int]) -> str:
+    """[2, 4, 8] -> '2, 4 or 8'."""
+    return " or ".join(filter(None, [", ".join(map(str, values[:-1])), str(values[-1])]))
 
 
 def check_trl_keywords(optimizers, quantization_config) -> None:

@@ -34,6 +34,7 @@ _.task_type  # ppo.py: a LoraConfig field, read by peft's inject_adapter_in_mode
 _.handle_comm_msg  # grading/sandbox/kernels.py: nbclient's NotebookClient calls it for each comm message
 _.on_cell_executed  # grading/sandbox/kernels.py: nbclient's hook after each cell
 _.compress_type  # grading/gradescope.py: a ZipInfo field, read by ZipFile.writestr
+_._split_lines  # __main__.py HelpFormatter: argparse's HelpFormatter calls it for each option's help
 
 # --- called by name from a string, in another process --------------------------------------------------------------
 limit_kernel_output  # grading/sandbox/limits.py: run in every grading kernel (kernels._CUT_OUTPUT)

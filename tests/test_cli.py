@@ -148,3 +148,30 @@ def test_grade_makes_the_folders_its_outputs_go_in(capsys, tmp_path):
     assert main(["grade", "class", *outputs, "--feedback", "feedback"]) == 0
     for written in ("new/grades.csv", "new/checks.csv", "gs/results.json", "feedback/02_mine.md"):
         assert (tmp_path / written).is_file(), written
+
+
+def test_a_tracker_that_is_not_installed_is_one_line(capsys, monkeypatch):
+    monkeypatch.setattr("minigrpo.run.trackers.is_installed", lambda tracker: tracker != "wandb")
+    line = run(capsys, "train", "--report-to", "wandb")
+    assert "report_to='wandb': wandb is not installed" in line and "pip install 'minigrpo[trackers]'" in line
+
+
+@pytest.mark.parametrize(
+    "saved, cause",
+    [
+        ('{"max_completion_length": "24"}', "max_completion_length='24' is a str"),
+        ('{"max_completion_length": 0}', "max_completion_length=0: it must be positive"),
+        ('{"max_completion_length": 24,', "not valid JSON"),
+        ("[24]", "not a JSON object"),
+    ],
+)
+def test_eval_names_the_saved_settings_it_cannot_use(capsys, tmp_path, saved, cause):
+    """eval --model <run>/final reads the run's eval_settings.json: a damaged one is one line naming the file."""
+    model = tmp_path / "final"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "tokenizer.json").write_text("{}")
+    (model / "eval_settings.json").write_text(saved)
+    line = run(capsys, "eval", "--model", "final")
+    assert line.startswith("error: final/eval_settings.json: ") and cause in line, line
+    assert "or delete the file to evaluate with the preset's settings" in line

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import minigrpo
-from minigrpo.__main__ import FLAG_GROUPS, build_parser, config_field_help, first_sentence, main
-from minigrpo.config import GRPOConfig
+from minigrpo.__main__ import FLAG_GROUPS, TRL_SWITCHES, build_parser, config_field_help, first_sentence, main
+from minigrpo.config import REFUSED_SWITCHES, GRPOConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "datasets")
@@ -59,7 +59,7 @@ def test_star_import_and_submodules():
 
 
 def test_every_config_field_is_in_one_flag_group():
-    grouped = [name for names in FLAG_GROUPS.values() for name in names]
+    grouped = [name for names in FLAG_GROUPS.values() for name in names] + list(TRL_SWITCHES)
     fields = [field.name for field in dataclasses.fields(GRPOConfig)]
     assert sorted(grouped) == sorted(fields), set(grouped) ^ set(fields)
 
@@ -111,3 +111,65 @@ def test_a_missing_optional_module_is_one_line_naming_its_extra(monkeypatch, cap
     monkeypatch.setattr("minigrpo.__main__.run_grade", without_something_else)
     with pytest.raises(ModuleNotFoundError):  # not an extra's: the traceback, as for any other bug
         main(["grade", "exercises"])
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    return build_parser()._subparsers._group_actions[0].choices
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    """Each option says what it does, and each that has a value when it is not given says which; train's GRPOConfig
+    flags show the preset's (they default to nothing: a flag not given keeps the model's preset)."""
+    fields = {field.name for field in dataclasses.fields(GRPOConfig)}
+    for name, command in commands().items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            if isinstance(action, argparse._HelpAction) or action.dest in REFUSED_SWITCHES:
+                continue  # -h; TRL's switches, listed on one line (below)
+            assert action.help and action.help.strip(), (name, action.dest)
+            shown = formatter._expand_help(action)
+            if (name == "train" and action.dest in fields) or action.default not in (
+                None,
+                False,
+                [],
+                argparse.SUPPRESS,
+            ):
+                assert "(default: " in shown, (name, action.dest, shown)
+
+
+def test_train_help_shows_the_presets_values():
+    """tiny_cpu()'s values, which `train` uses for 'tiny' (GRPOConfig.for_model), and qwen_t4()'s where they differ."""
+    text = " ".join(commands()["train"].format_help().split())
+    assert "(default: 0.0003 for 'tiny', 1e-06 for other models)" in text  # --learning-rate
+    assert "(default: 200 for 'tiny', 100 for other models)" in text  # --max-steps
+    assert "--beta BETA KL coefficient (DeepSeekMath 0.04; TRL 0.0). (default: 0.04)" in text
+    assert "(default: 1.0 0.1)" in text  # --reward-weights: the task's, as make_config gives them
+
+
+def test_the_values_help_shows_are_those_train_runs_with():
+    """preset_defaults reads the presets without building a config (which loads torch): the same values as the
+    configs train builds (make_config), but for the fields a config resolves from None (the batch sizes,
+    eval_strategy), which help shows as None."""
+    from minigrpo.__main__ import make_config, preset_defaults
+    from minigrpo.config import RESOLVED_FIELDS
+
+    for model in ("tiny", "Qwen/Qwen2.5-0.5B-Instruct"):
+        shown, built = preset_defaults(model), make_config(model, {})
+        for field in dataclasses.fields(GRPOConfig):
+            if not (field.name in RESOLVED_FIELDS and shown[field.name] is None):
+                assert shown[field.name] == getattr(built, field.name), (model, field.name)
+
+
+def test_trls_switches_are_accepted_and_refused_but_listed_on_one_line(capsys, monkeypatch):
+    """--use-vllm, --fp16, --push-to-hub, ... exist so that TRL scripts and recipes parse: named once, on the line of
+    their group, without a help entry each; False is accepted and True refused, as before."""
+    monkeypatch.setattr("minigrpo.models.load_model_and_tokenizer", lambda *a, **k: pytest.fail("loaded a model"))
+    train = commands()["train"]
+    text = train.format_help()
+    assert "exist for TRL scripts" in text and "Refused when True" not in text
+    for name in REFUSED_SWITCHES:
+        flag = "--" + name.replace("_", "-")
+        assert text.count(flag) == 1, flag
+        assert getattr(train.parse_args([f"--no-{flag[2:]}"]), name) is False
+        assert main(["train", flag]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {name}=True: ")

@@ -66,6 +66,49 @@ def test_micro_batches_must_divide_the_batch():
     assert "choose a divisor of 96" in message
 
 
+def advice_in(message: str) -> list[dict]:
+    """Each setting the message names after "What works:": {field: value} or {"processes": K}, one per value."""
+    advice = message.partition("What works: ")[2]
+    assert advice, message
+    settings = [
+        {field: int(value)}
+        for field, values in re.findall(r"(\w+)=(\d+(?: or \d+)?)", advice)
+        for value in values.split(" or ")
+    ]
+    processes = re.search(r"(\d+(?:, \d+)*(?: or \d+)?) processes", advice)
+    settings += [{"processes": int(k)} for k in re.split(", | or ", processes.group(1))] if processes else []
+    return settings
+
+
+@pytest.mark.parametrize(
+    "processes, fields",
+    [
+        (3, {}),  # the tiny preset, 16 prompts x G=8, under torchrun --nproc-per-node 3
+        (2, dict(prompts_per_step=3, num_generations=4, per_device_train_batch_size=4)),
+        (4, dict(prompts_per_step=6, num_generations=8, per_device_train_batch_size=16)),  # 16 divides few shares
+        (2, dict(prompts_per_step=None, generation_batch_size=24, num_generations=8, per_device_train_batch_size=4)),
+        (2, dict(prompts_per_step=None, num_generations=8, per_device_train_batch_size=4)),  # TRL's rule: B = 1
+    ],
+)
+def test_a_generation_that_does_not_split_over_the_processes_names_settings_that_do(monkeypatch, processes, fields):
+    """Each process takes whole groups, so B must be a multiple of K: no micro-batch size can help, and the error
+    names the prompts per step, G or process counts that work, each of which then builds and splits."""
+    from minigrpo.run import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", str(processes))  # read by the config's batch rule, as under torchrun
+    with pytest.raises(ValueError, match=f"cannot be split over {processes} processes") as info:
+        GRPOConfig.tiny_cpu(**fields)
+    assert "divisor" not in str(info.value)
+    advice = advice_in(str(info.value))
+    assert advice
+    for setting in advice:
+        monkeypatch.setenv("WORLD_SIZE", str(setting.get("processes", processes)))
+        changes = {name: value for name, value in setting.items() if name != "processes"}
+        distributed.check_config(GRPOConfig.tiny_cpu(**{**fields, **changes}))  # builds, and splits over the ranks
+    if not fields:
+        assert advice == [{"prompts_per_step": 15}, {"prompts_per_step": 18}, *({"processes": k} for k in (2, 4, 8))]
+
+
 @pytest.mark.parametrize(
     "field, value, words",
     [

@@ -103,3 +103,51 @@ def test_a_group_of_one_and_a_trainer_without_the_grpo_loss_are_refused_with_wha
     config = PPOConfig.from_config(GRPOConfig.tiny_cpu(output_dir=str(tmp_path), num_generations_eval=4))
     with pytest.raises(ValueError, match="PPOTrainer does not compute. Set num_generations_eval=None"):
         PPOTrainer("tiny", [correctness_reward], config, make_arithmetic_dataset(4, "train"))
+
+
+# --- when eval_loss is computed: TRL's rule for TRL scripts, greedy accuracy alone for minigrpo's own runs ---------
+def test_a_trl_script_that_evaluates_gets_eval_loss_and_eval_reward_without_num_generations_eval(tmp_path):
+    """TRL's GRPOConfig evaluates only when told (eval_strategy="steps"; its default is "no"), and then samples
+    num_generations per held-out prompt: eval_loss and eval_reward in log_history and from evaluate()."""
+    config = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, num_generations=4, max_steps=1,
+                        max_completion_length=8, eval_strategy="steps", eval_steps=1, save_strategy="no",
+                        bf16=False, report_to="none")  # fmt: skip
+    assert (config.num_generations_eval, config.eval_generations) == (None, 4)
+    trainer = GRPOTrainer("tiny", [correctness_reward], config, make_arithmetic_dataset(4, "train"),
+                          eval_dataset=make_arithmetic_dataset(2, "test"))  # fmt: skip
+    trainer.train()
+    (logged,) = [row for row in trainer.state.log_history if "eval_loss" in row]
+    assert logged["step"] == 1 and "eval_reward" in logged
+    assert {"eval_loss", "eval_reward"} <= trainer.evaluate().keys()
+
+
+def test_minigrpos_own_runs_evaluate_greedily_without_sampling_eval_loss(tmp_path):
+    """eval_strategy left at minigrpo's default (None: 'steps', greedy accuracy): no sampled evaluation in the
+    presets, the command line's runs or a bare GRPOConfig; an explicit eval_strategy or num_generations_eval asks
+    for it, and replace() keeps which of them was given."""
+    from minigrpo.__main__ import build_parser, make_config
+
+    args = vars(build_parser().parse_args(["train"]))
+    fields = {name: value for name, value in args.items() if name in GRPOConfig.__dataclass_fields__}
+    configs = [make_config("tiny", fields), make_config("Qwen/Qwen2.5-0.5B-Instruct", fields), GRPOConfig()]
+    configs += [getattr(GRPOConfig, preset)() for preset in ("deepseekmath", "tiny_cpu", "qwen_t4", "qwen1_5b_lora_t4")]
+    for config in configs:
+        assert config.eval_strategy == "steps" and config.eval_generations is None
+        assert config.replace(max_steps=3).eval_generations is None
+    config = GRPOConfig.tiny_cpu(eval_strategy="steps")
+    assert config.eval_generations == 8 and config.replace(max_steps=3).eval_generations == 8
+    assert GRPOConfig.tiny_cpu(num_generations_eval=2).eval_generations == 2
+    held_out = make_arithmetic_dataset(2, "test")
+    trainer = GRPOTrainer("tiny", [correctness_reward], GRPOConfig.tiny_cpu(output_dir=str(tmp_path)),
+                          make_arithmetic_dataset(4, "train"), eval_dataset=held_out)  # fmt: skip
+    assert "eval_loss" not in trainer.evaluate()
+
+
+def test_trls_parser_tells_a_given_eval_strategy_from_the_default(tmp_path):
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(GRPOConfig)
+    (config,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path)])
+    assert config.eval_strategy == "steps" and config.eval_generations is None
+    (config,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--eval_strategy", "steps"])
+    assert config.eval_generations == config.num_generations

@@ -246,6 +246,27 @@ def test_a_second_trainer_on_the_same_folder_is_refused(tiny, train_dataset, sma
     assert seen and [row["step"] for row in metric_rows(small_config.output_dir)] == [1, 2]
 
 
+def test_a_second_trainer_logging_to_the_same_folder_is_refused(tiny, train_dataset, small_config, tmp_path):
+    """Two runs, each in its own output_dir, with one logging_dir: the second would append its rows to the first's
+    metrics.jsonl (and its TensorBoard events beside them). It is refused as a second run in output_dir is."""
+    logs = str(tmp_path / "logs")
+    first = small_config.replace(output_dir=str(tmp_path / "a"), logging_dir=logs, max_steps=1)
+    second = make(tiny, train_dataset, first.replace(output_dir=str(tmp_path / "b")))
+    seen = []
+
+    def reward_that_starts_a_second_run(prompts, completions, completion_ids, **columns):
+        if not seen:
+            with pytest.raises(CheckpointError, match=r"logging_dir .*logs is in use by another trainer") as e:
+                second.train()
+            seen.append(str(e.value))
+        return correctness_reward(prompts, completions, completion_ids, **columns)
+
+    make(tiny, train_dataset, first, [reward_that_starts_a_second_run]).train()
+    assert seen and "give this run another logging_dir" in seen[0]
+    assert [row["step"] for row in metric_rows(logs)] == [1]  # the first run's row, once
+    assert not (tmp_path / "b" / METRICS_FILE).exists()
+
+
 def test_a_full_disk_during_a_save_leaves_no_temporary_folder(tiny, train_dataset, small_config, monkeypatch):
     import errno
 

@@ -31,8 +31,8 @@ a half-written ``checkpoint-N``; any failed write (a full disk, a file-size limi
 removes the temporary folder and names its cause (save_failure); a resume reads
 every file of the newest checkpoint before changing anything and falls back to an older one when a file is truncated or
 garbage (``find_resumable``); folders not named ``checkpoint-<int>`` are not
-checkpoints. The output folder is locked while a trainer uses it
-(``output_dir_lock``).
+checkpoints. The output folder, and a separate logging folder, are locked while a
+trainer uses them (``output_dir_lock``).
 """
 
 from __future__ import annotations
@@ -774,10 +774,11 @@ def claim_logging_dir(logging_dir: str | Path, replace: bool) -> None:
 
 
 @contextlib.contextmanager
-def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
+def output_dir_lock(output_dir: str | Path, field: str = "output_dir") -> Iterator[None]:
     """Hold an exclusive lock on output_dir (its .minigrpo.lock, which records the holder's PID) while the
     block runs; a second trainer, in this process or another, gets a CheckpointError instead of interleaving
-    metrics and overwriting checkpoints.
+    metrics and overwriting checkpoints. field: the setting that named the folder, for the error (a separate
+    logging_dir is locked the same way: two runs logging there would write one metrics.jsonl between them).
 
     fcntl.flock belongs to the open file, so the kernel releases it when the process dies: a lock left by a
     killed run (kill -9, a Colab disconnect) is simply taken over. Where a file system has no flock (some
@@ -794,8 +795,8 @@ def output_dir_lock(output_dir: str | Path) -> Iterator[None]:
                 handle.seek(0)
                 holder = handle.read().strip() or "unknown"
                 raise CheckpointError(
-                    f"{output_dir} is in use by another trainer (process {holder}): wait for it to finish, or "
-                    "give this run another output_dir."
+                    f"{field} {output_dir} is in use by another trainer (process {holder}): wait for it to finish, "
+                    f"or give this run another {field}."
                 ) from None
             except OSError:
                 pass  # no flock on this file system: run unlocked rather than not at all

@@ -21,7 +21,7 @@ import torch
 from minigrpo.models import is_peft_model
 from minigrpo.rewards import reward_func_name
 from minigrpo.run import checkpoints, distributed
-from minigrpo.run.checkpoints import COMPLETIONS_FILE, METRICS_FILE, CheckpointError
+from minigrpo.run.checkpoints import COMPLETIONS_FILE, CheckpointError
 from minigrpo.run.completions_log import keep_steps_up_to
 from minigrpo.run.datasets import dataset_record
 from minigrpo.run.distributed import tie_weights
@@ -121,9 +121,26 @@ class CheckpointMixin:
         or deleted (and said so) when `replace` (checkpoints.claim_output_dir, claim_logging_dir)."""
         if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
             checkpoints.claim_output_dir(self.output_dir, replace, resuming_from)
-            if self.metrics_path != self.output_dir / METRICS_FILE:  # a separate logging_dir
-                checkpoints.claim_logging_dir(self.metrics_path.parent, replace)
+            if self._separate_logging_dir() is not None:
+                checkpoints.claim_logging_dir(self._separate_logging_dir(), replace)
         distributed.barrier()
+
+    @contextlib.contextmanager
+    def _locked_folders(self):
+        """Lock output_dir, and a separate logging_dir, against a second trainer while the block runs
+        (checkpoints.output_dir_lock): two runs would interleave their rows in one metrics.jsonl. Under torchrun only
+        rank 0 writes to them, so only rank 0 holds the locks."""
+        with contextlib.ExitStack() as locks:
+            if distributed.is_main_process():
+                locks.enter_context(checkpoints.output_dir_lock(self.output_dir))
+                if self._separate_logging_dir() is not None:
+                    locks.enter_context(checkpoints.output_dir_lock(self._separate_logging_dir(), "logging_dir"))
+            yield
+
+    def _separate_logging_dir(self) -> Path | None:
+        """The folder of metrics.jsonl (config.logging_dir) when it is not output_dir itself, else None."""
+        folder = self.metrics_path.parent
+        return None if _same_folder(folder, self.output_dir) else folder
 
     @contextlib.contextmanager
     def checkpoint_on_failure(self, what: str, unlogged: list[dict] | None = None):

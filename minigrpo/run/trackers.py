@@ -22,6 +22,10 @@ PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"
 """The package each tracker needs (minigrpo's `trackers` extra installs them all)."""
 
 
+class MissingTrackerError(ImportError):
+    """report_to names a tracker whose package is not installed (the command line says so in one line)."""
+
+
 def is_installed(tracker: str) -> bool:
     return importlib.util.find_spec(PACKAGES[tracker]) is not None
 
@@ -35,7 +39,7 @@ def resolve_trackers(report_to) -> list[str]:
     missing = [name for name in names if not is_installed(name)]
     if missing:
         packages = " ".join(PACKAGES[name] for name in missing)
-        raise ImportError(
+        raise MissingTrackerError(
             f"report_to={report_to!r}: {packages} is not installed. Install the trackers with "
             f"pip install 'minigrpo[trackers]' (or pip install {packages}), or set report_to='none'."
         )
