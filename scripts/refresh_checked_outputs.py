@@ -5,7 +5,8 @@
 
 Run it after a change that moves a printed number (a new bundled model, a new default): each notebook is
 executed as the test suite runs it (MINIGRPO_QUICK=1, offline, from its own folder), then cleaned as
-`stamp_colab.py --clean` does: only the `# NBVAL_CHECK_OUTPUT` cells keep their outputs. Stderr outputs
+`stamp_colab.py --clean` does: only the `# NBVAL_CHECK_OUTPUT` cells keep their outputs, and the cells that draw keep
+the figures scripts/refresh_figures.py saved (this quick run's figures are not kept). Stderr outputs
 (warnings, progress bars) are dropped from checked cells; a checked cell must print its result on stdout.
 Review the diff before committing: a changed number is a changed lesson.
 """
@@ -31,6 +32,8 @@ QUICK_ENV = {"MINIGRPO_QUICK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSI
 
 def refresh(path: Path, timeout: int) -> None:
     nb = nbformat.read(path, as_version=4)
+    # the saved figures stay as scripts/refresh_figures.py drew them (this run is in quick mode)
+    figures = {cell.id: [o for o in cell.outputs if stamp_colab.is_saved_figure(o)] for cell in nb.cells}
     os.environ.update(QUICK_ENV)  # the kernel inherits this process's environment, as under nbval
     NotebookClient(
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
@@ -40,6 +43,9 @@ def refresh(path: Path, timeout: int) -> None:
             # what nbval compares: printed text and a cell's value (no stderr, no progress bars, no figures)
             kept = [o for o in cell.outputs if o.get("name") == "stdout" or o.output_type == "execute_result"]
             cell.outputs = joined_streams(kept)
+    for cell in nb.cells:
+        if stamp_colab.draws(cell):
+            cell.outputs = figures.get(cell.id, [])
     stamp_colab.clean_outputs(nb)
     nbformat.write(nb, path)
     print(f"refreshed {path.relative_to(ROOT)}")

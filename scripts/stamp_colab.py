@@ -27,6 +27,7 @@ runtime with another version installed gets this notebook's.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -204,22 +205,47 @@ def strip_widget_state(nb) -> None:
         cell.outputs = kept
 
 
+# A cell that draws: plt.show() or one of the course's plot helpers (minigrpo.course.plots.plot_*). Its figures are
+# saved in the committed notebook (scripts/refresh_figures.py), each stamped with the hash of the cell's source.
+DRAWS = re.compile(r"\bplt\.show\(|\bplot_\w+\(")
+FIGURE_KEY = "minigrpo_figure"  # an image output's metadata entry: {"source_sha256": ..., "mode": ...}
+
+
+def draws(cell) -> bool:
+    """Whether a code cell draws a figure the committed notebook keeps."""
+    return cell.cell_type == "code" and "NBVAL_CHECK_OUTPUT" not in cell.source and bool(DRAWS.search(cell.source))
+
+
+def source_hash(cell) -> str:
+    """The sha256 of the cell's source: a saved figure records it, so a figure whose cell changed since is stale."""
+    return hashlib.sha256(cell.source.encode("utf-8")).hexdigest()
+
+
+def is_saved_figure(output) -> bool:
+    """Whether an output is a figure scripts/refresh_figures.py saved (a PNG with its cell's hash)."""
+    return output.get("output_type") == "display_data" and FIGURE_KEY in output.get("metadata", {})
+
+
 def clean_outputs(nb) -> bool:
     """Clear every output and execution count, except in NBVAL_CHECK_OUTPUT cells: those keep their outputs (what
     nbval compares) and get the execution count a fresh top-to-bottom run gives them (nbval skips a cell without
-    one, and fails one that has outputs but no count). Widget state goes everywhere. Returns True if nb changed."""
+    one, and fails one that has outputs but no count); and the cells that draw keep their saved figures alone, with
+    their count too (nbval runs them, but compares no cell without the check marker). Widget state goes everywhere.
+    Returns True if nb changed."""
     before = nbformat.writes(nb)
     strip_widget_state(nb)
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
     for number, cell in enumerate(code_cells, start=1):
         cell.metadata.pop("execution", None)
-        if "NBVAL_CHECK_OUTPUT" in cell.source and cell.outputs:
+        if "NBVAL_CHECK_OUTPUT" not in cell.source:
+            cell.outputs = [output for output in cell.outputs if draws(cell) and is_saved_figure(output)]
+        if cell.outputs:
             cell.execution_count = number
             for output in cell.outputs:
                 if "execution_count" in output:
                     output.execution_count = number
         else:
-            cell.outputs, cell.execution_count = [], None
+            cell.execution_count = None
     return nbformat.writes(nb) != before
 
 

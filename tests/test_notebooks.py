@@ -100,7 +100,8 @@ def test_lesson_asks_for_its_model(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=relative)
 def test_notebook_has_no_outputs_except_checked_cells(path):
-    """Only NBVAL_CHECK_OUTPUT cells keep outputs: the plain text nbval compares. nbval skips the comparison for a
+    """Only NBVAL_CHECK_OUTPUT cells keep outputs: the plain text nbval compares (and the cells that draw, their saved
+    figures: tests/test_figures.py). nbval skips the comparison for a
     cell without an execution count ("unrun") and fails one that has outputs but no count, so a checked cell keeps
     the count a fresh top-to-bottom run gives it, and every other cell has none."""
     nb = nbformat.read(path, as_version=4)
@@ -120,8 +121,13 @@ def test_notebook_has_no_outputs_except_checked_cells(path):
                 assert "tensor(" not in text, f"{where}: print plain numbers, not tensor reprs"
                 assert not re.search(r"0x[0-9a-f]{6}", text), f"{where}: no object addresses"
         else:
-            assert not cell.outputs, f"{where}: commit without outputs (only {CHECK} cells keep theirs)"
-            assert cell.execution_count is None, f"{where}: clear execution counts"
+            kept = [output for output in cell.outputs if not stamp_colab.is_saved_figure(output)]
+            assert not kept, f"{where}: commit without outputs (only {CHECK} cells and saved figures stay)"
+            assert stamp_colab.draws(cell) or not cell.outputs, f"{where}: a figure saved in a cell that draws none"
+            for output in cell.outputs:
+                assert set(output.data) == {"image/png"}, f"{where}: a saved figure is a PNG alone"
+            expected = number if cell.outputs else None  # nbval refuses a cell with outputs and no count
+            assert cell.execution_count == expected, f"{where}: execution count {expected}"
 
 
 @pytest.mark.parametrize("name", LESSONS)
@@ -201,6 +207,22 @@ def test_clean_outputs_keeps_only_checked_outputs_with_their_counts():
     assert stamp_colab.clean_outputs(nb)
     assert other.outputs == [] and other.execution_count is None
     assert checked.outputs[0].text == "1\n" and checked.execution_count == 2  # its place in a fresh run
+    assert not stamp_colab.clean_outputs(nb)
+
+
+def test_clean_outputs_keeps_the_saved_figures_of_the_cells_that_draw():
+    figure = nbformat.v4.new_output(
+        "display_data", data={"image/png": "iVBO"}, metadata={stamp_colab.FIGURE_KEY: {"source_sha256": "x"}}
+    )
+    fresh = nbformat.v4.new_output("display_data", data={"image/png": "iVBO", "text/plain": "<Figure>"})
+    drawing = nbformat.v4.new_code_cell("plot_curves(history)\nplt.show()", execution_count=4)
+    drawing.outputs = [figure, fresh]
+    printing = nbformat.v4.new_code_cell("print(2)", execution_count=5)
+    printing.outputs = [figure]  # a saved figure in a cell that no longer draws: gone
+    nb = nbformat.v4.new_notebook(cells=[drawing, printing])
+    assert stamp_colab.clean_outputs(nb)
+    assert drawing.outputs == [figure] and drawing.execution_count == 1  # nbval runs it, compares nothing
+    assert printing.outputs == [] and printing.execution_count is None
     assert not stamp_colab.clean_outputs(nb)
 
 
