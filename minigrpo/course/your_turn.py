@@ -141,7 +141,9 @@ def _gradient_difference(yours, expected: list, names: list[str], atol: float) -
     for name, mine, theirs in zip(names, yours, expected, strict=True):
         difference = _difference(mine, theirs, atol)
         if difference is not None:
-            return f"the values match, but the gradient with respect to {name} differs: {difference}"
+            return f"the values match, but not the gradient with respect to {name}: " + difference.replace(
+                "values differ", "it differs", 1
+            )
     return None
 
 
