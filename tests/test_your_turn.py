@@ -148,7 +148,9 @@ def test_a_wrong_value_says_where_and_names_the_slip_it_matches():
 
 
 def test_a_wrong_shape_and_a_missing_return_are_named():
-    assert "its result has shape (8,), the package's (2, 4)" in checked(lambda rewards: centred(rewards).flatten())
+    assert "its result is a tensor of shape (8,); the package's is a tensor of shape (2, 4)" in checked(
+        lambda rewards: centred(rewards).flatten()
+    )
     assert "it returned None: does it end with `return ...`?" in checked(lambda rewards: None)
     assert "it returned a str, where the package returns numbers" in checked(lambda rewards: "advantages")
     assert checked(lambda rewards: rewards.sum().reshape(1), lambda rewards: rewards.sum()).startswith("PASS: ")

@@ -109,7 +109,7 @@ def _difference(yours, expected, atol: float = 1e-5, rtol: float = 1e-5) -> str 
     theirs = torch.as_tensor(expected, dtype=torch.float64)
     if mine.shape != theirs.shape:
         if not mine.numel() == theirs.numel() == 1:  # one number is one number, whatever its shape
-            return f"its result has shape {tuple(mine.shape)}, the package's {tuple(theirs.shape)}"
+            return f"its result is {_shape(mine)}; the package's is {_shape(theirs)}"
         mine = mine.reshape(theirs.shape)
     close = torch.isclose(mine, theirs, rtol=rtol, atol=atol, equal_nan=True)
     if bool(close.all()):
@@ -129,6 +129,10 @@ def _slip(yours, slips: dict[str, Callable] | None, arguments: tuple | dict) -> 
         except Exception:  # a slip that cannot run on this case names nothing
             continue
     return ""
+
+
+def _shape(values: torch.Tensor) -> str:
+    return "one number" if values.dim() == 0 else f"a tensor of shape {tuple(values.shape)}"
 
 
 def _gradient_difference(yours, expected: list, names: list[str], atol: float) -> str | None:
