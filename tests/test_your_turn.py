@@ -30,6 +30,7 @@ CHECK = "NBVAL_CHECK_OUTPUT"
 # lesson -> its your-turn's id; the cells are <id>-task, <id>, <id>-answer and <id>-check, in this order
 YOUR_TURNS = {
     "01_policy_gradients_and_ppo": "your-turn-reinforce-loss",
+    "02_group_sampling": "your-turn-zero-std",
 }
 ANSWER = re.compile(r"\A<details>\n<summary>[^<]+</summary>\n\n```python\n(?P<code>.*?)\n```\n\n</details>\Z", re.S)
 
