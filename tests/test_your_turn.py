@@ -149,6 +149,15 @@ def test_a_wrong_value_says_where_and_names_the_slip_it_matches():
     )
 
 
+def test_a_rewards_difference_names_the_completion():
+    def pays_the_tag(prompts, completions, answer):
+        return [float("<answer>" in text) for text in completions]
+
+    cases = {"three": dict(prompts=None, completions=["<answer>7</answer>", "7", "<answer>six"], answer=["7"] * 3)}
+    printed = checked(pays_the_tag, lambda prompts, completions, answer: [1.0, 0.0, 0.0], cases)
+    assert "- three: values differ at [2] ('<answer>six'): yours +1.000000, expected +0.000000" in printed
+
+
 def test_a_wrong_shape_and_a_missing_return_are_named():
     assert "its result is a tensor of shape (8,); the package's is a tensor of shape (2, 4)" in checked(
         lambda rewards: centred(rewards).flatten()

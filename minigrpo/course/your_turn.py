@@ -57,7 +57,7 @@ def check_your_turn(
             failures.append(f"{case}: {name} raised {type(error).__name__}: {error}{_where(error, learner)}")
             continue
         expected, gradients = _run(reference, arguments)
-        difference = _difference(yours, expected, atol, rtol)
+        difference = _difference(yours, expected, atol, rtol, _texts(arguments))
         if difference is not None:
             failures.append(f"{case}: {difference}{_slip(yours, slips, arguments)}")
         elif gradients is not None:
@@ -98,8 +98,15 @@ def _run(function: Callable, arguments: tuple | dict):
     return result.detach(), gradients
 
 
-def _difference(yours, expected, atol: float = 1e-5, rtol: float = 1e-5) -> str | None:
-    """What differs between two results (tensors, numbers or lists of numbers), or None when they match."""
+def _texts(arguments: tuple | dict) -> list[str] | None:
+    """The first argument that is a list of strings (a reward's completions), to name the one whose reward differs."""
+    values = arguments.values() if isinstance(arguments, dict) else arguments
+    return next((v for v in values if isinstance(v, list) and v and all(isinstance(t, str) for t in v)), None)
+
+
+def _difference(yours, expected, atol: float = 1e-5, rtol: float = 1e-5, texts: list[str] | None = None) -> str | None:
+    """What differs between two results (tensors, numbers or lists of numbers), or None when they match; texts: what
+    each entry of a 1-D result belongs to (say, the completions a reward scored), named where they differ."""
     if yours is None:
         return "it returned None: does it end with `return ...`?"
     try:
@@ -116,6 +123,8 @@ def _difference(yours, expected, atol: float = 1e-5, rtol: float = 1e-5) -> str 
         return None
     at = tuple(int(i) for i in (~close).nonzero()[0]) if close.dim() else ()
     where = f" at {list(at)}" if at else ""
+    if texts is not None and len(at) == 1 and len(texts) == close.numel():
+        where += f" ({texts[at[0]]!r})"
     count = f" ({int((~close).sum())} of {close.numel()} values differ)" if close.numel() > 1 else ""
     return f"values differ{where}: yours {mine[at].item():+.6f}, expected {theirs[at].item():+.6f}{count}"
 
