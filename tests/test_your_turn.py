@@ -33,6 +33,7 @@ YOUR_TURNS = {
     "02_group_sampling": "your-turn-zero-std",
     "02b_from_prompt_to_logprobs": "your-turn-gather",
     "02c_rewards_and_verifiers": "your-turn-graded-reward",
+    "03_group_relative_advantages": "your-turn-advantages",
 }
 ANSWER = re.compile(r"\A<details>\n<summary>[^<]+</summary>\n\n```python\n(?P<code>.*?)\n```\n\n</details>\Z", re.S)
 
