@@ -34,6 +34,7 @@ YOUR_TURNS = {
     "02b_from_prompt_to_logprobs": "your-turn-gather",
     "02c_rewards_and_verifiers": "your-turn-graded-reward",
     "03_group_relative_advantages": "your-turn-advantages",
+    "04_grpo_objective": "your-turn-clip",
 }
 ANSWER = re.compile(r"\A<details>\n<summary>[^<]+</summary>\n\n```python\n(?P<code>.*?)\n```\n\n</details>\Z", re.S)
 
