@@ -126,7 +126,12 @@ def _difference(yours, expected, atol: float = 1e-5, rtol: float = 1e-5, texts: 
     if texts is not None and len(at) == 1 and len(texts) == close.numel():
         where += f" ({texts[at[0]]!r})"
     count = f" ({int((~close).sum())} of {close.numel()} values differ)" if close.numel() > 1 else ""
-    return f"values differ{where}: yours {mine[at].item():+.6f}, expected {theirs[at].item():+.6f}{count}"
+    return f"values differ{where}: yours {_number(mine[at].item())}, expected {_number(theirs[at].item())}{count}"
+
+
+def _number(value: float) -> str:
+    """Six decimals, or four significant digits for a small number (a gradient divided by many tokens)."""
+    return f"{value:+.4e}" if 0 < abs(value) < 1e-2 else f"{value:+.6f}"
 
 
 def _slip(yours, slips: dict[str, Callable] | None, arguments: tuple | dict) -> str:
