@@ -35,6 +35,7 @@ YOUR_TURNS = {
     "02c_rewards_and_verifiers": "your-turn-graded-reward",
     "03_group_relative_advantages": "your-turn-advantages",
     "04_grpo_objective": "your-turn-clip",
+    "04b_the_update_loop": "your-turn-micro-batches",
 }
 ANSWER = re.compile(r"\A<details>\n<summary>[^<]+</summary>\n\n```python\n(?P<code>.*?)\n```\n\n</details>\Z", re.S)
 
