@@ -36,6 +36,7 @@ YOUR_TURNS = {
     "03_group_relative_advantages": "your-turn-advantages",
     "04_grpo_objective": "your-turn-clip",
     "04b_the_update_loop": "your-turn-micro-batches",
+    "07_variants_and_failure_modes": "your-turn-rloo",
 }
 ANSWER = re.compile(r"\A<details>\n<summary>[^<]+</summary>\n\n```python\n(?P<code>.*?)\n```\n\n</details>\Z", re.S)
 
