@@ -19,7 +19,8 @@ import pytest
 from minigrpo import __version__, grading
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
 from minigrpo.grading.framework import AFTER_TIMEOUT
-from minigrpo.grading.reports.gradebook import class_grades, find_submissions, format_scores, write_gradebook
+from minigrpo.grading.reports.gradebook import class_grades, format_scores, write_gradebook
+from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,14 +322,100 @@ def test_a_refusal_names_what_differs_and_what_to_do():
     assert refusal.endswith("grade it with the minigrpo that made the handout, or hand out minigrpo 9.9.9's exercise")
 
 
+def lay_out(root: Path, *relatives: str) -> Path:
+    """Empty notebooks at `relatives` under `root`; returns root."""
+    for relative in relatives:
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook(), root / relative)
+    return root
+
+
+def students(path, student=None) -> list[str]:
+    return [s.student for s in read_layout(path, student).submissions]
+
+
 def test_students_come_from_nbgraders_layout_a_folder_each_or_the_file_name(tmp_path):
-    for relative in ["submitted/ann/ps1/02_a.ipynb", "folders/ben/02_a.ipynb", "flat/cat.ipynb"]:
-        (tmp_path / relative).parent.mkdir(parents=True)
-        nbformat.write(notebook(), tmp_path / relative)
-    assert [s.student for s in find_submissions(tmp_path / "submitted")] == ["ann"]
-    assert [s.student for s in find_submissions(tmp_path / "folders")] == ["ben"]
-    assert [s.student for s in find_submissions(tmp_path / "flat")] == ["cat"]
-    assert [s.student for s in find_submissions(tmp_path / "flat" / "cat.ipynb")] == ["cat"]
+    lay_out(tmp_path, "submitted/ann/ps1/02_a.ipynb", "folders/ben/02_a.ipynb", "flat/cat.ipynb")
+    assert students(tmp_path / "submitted") == ["ann"]
+    assert students(tmp_path / "folders") == ["ben"]
+    assert students(tmp_path / "flat") == ["cat"]
+    assert students(tmp_path / "flat" / "cat.ipynb") == ["cat"]
+    assert read_layout(tmp_path / "submitted").description == (
+        "nbgrader's submitted/ (submitted/<student>/<assignment>/): 1 student (ann)"
+    )
+    flat = read_layout(tmp_path / "flat").description
+    assert flat == "a flat folder: each notebook's student is its file's stem (1 notebook)"
+
+
+def test_one_students_folder_of_nbgraders_layout_is_theirs_however_deep_the_path_points(tmp_path):
+    class_ = lay_out(tmp_path / "submitted", "gus/hw02/02_a.ipynb", "gus/hw05/05_b.ipynb", "ann/hw02/02_a.ipynb")
+    assert students(class_) == ["ann", "gus", "gus"]
+    for path in (class_ / "gus", class_ / "gus" / "hw02", class_ / "gus" / "hw02" / "02_a.ipynb"):
+        assert set(students(path)) == {"gus"}, path
+    line = read_layout(class_ / "gus").description
+    assert line == (
+        "nbgrader's, one student's folder (submitted/<student>/<assignment>/): every notebook is gus's "
+        "(2 notebooks; --student NAME names another)"
+    )
+
+
+def test_a_folder_per_student_keeps_its_students_whatever_subfolders_their_notebooks_sit_in(tmp_path):
+    class_ = lay_out(tmp_path / "class", "ann/week1/02_a.ipynb", "ann/week2/deep/05_b.ipynb", "ben/02_a.ipynb")
+    assert students(class_) == ["ann", "ann", "ben"]
+    line = read_layout(class_).description
+    assert line.startswith("a folder per student (<student>/...): 2 students (ann, ben); ")
+    assert line.endswith("; for one student's folder, give --student NAME")  # its folders could be assignments
+
+
+def test_which_layout_wins_when_a_folder_reads_two_ways_and_student_wins_over_all(tmp_path):
+    """PATH/a/x.ipynb: a class (a is a student) or one student's nbgrader folder (a is an assignment)? PATH's own path
+    decides: right below a folder named submitted, one student's; elsewhere a class. --student wins over both."""
+    tree = ("hw02/02_a.ipynb", "hw05/05_b.ipynb")
+    below_submitted = lay_out(tmp_path / "submitted" / "eve", *tree)
+    elsewhere = lay_out(tmp_path / "copied" / "eve", *tree)
+    assert students(below_submitted) == ["eve", "eve"]
+    assert students(elsewhere) == ["hw02", "hw05"]  # a class of two: the line names them, and says what to give
+    line = read_layout(elsewhere).description
+    assert "2 students (hw02, hw05)" in line and "--student NAME" in line
+    assert students(elsewhere, student="eve") == students(below_submitted, student="eve") == ["eve", "eve"]
+    assert students(tmp_path / "submitted", student="eve") == ["eve", "eve"]  # a whole class, named one student
+    line = read_layout(elsewhere, "eve").description
+    assert line == f"--student: every notebook under {elsewhere} is eve's (2 notebooks)"
+
+
+def test_regrading_one_student_of_a_class_writes_one_row_and_one_feedback_file_under_their_name(
+    tmp_path, monkeypatch, capsys
+):
+    from minigrpo.__main__ import main
+
+    for student in ("ann", "eve"):  # no kernel starts: an empty notebook and one that is no notebook
+        lay_out(tmp_path / "submitted" / student, f"hw02/{NAME}")
+        (tmp_path / "submitted" / student / "hw05" / "05_kl_k3_estimator.ipynb").parent.mkdir()
+        (tmp_path / "submitted" / student / "hw05" / "05_kl_k3_estimator.ipynb").write_text("not a notebook")
+    monkeypatch.chdir(tmp_path)
+    outputs = ["--feedback", "fb", "--csv", "eve.csv", "--gradescope", "eve.json"]
+    assert main(["grade", "submitted/eve", *outputs]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "\nlayout: nbgrader's, one student's folder (submitted/<student>/<assignment>/): every notebook is eve's ("
+        in ("\n" + err)
+    )
+    with open("eve.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["student"], r[EXERCISE.id], r["05_kl_k3_estimator"], r["max_points"]) for r in rows] == [
+        ("eve", "0", "0", "9")
+    ]
+    assert sorted(p.name for p in Path("fb").iterdir()) == ["eve.md"]
+    assert "# Feedback for `eve`" in Path("fb/eve.md").read_text()
+    results = json.loads(Path("eve.json").read_text())  # one submission: both exercises, every check listed
+    assert [t["name"] for t in results["tests"]] == [
+        "02 check_group_relative_advantages",
+        "02 check_rloo_advantages",
+        "05 check_kl_k3",
+    ]
+    assert main(["grade", "submitted/eve/hw02", "--student", "evelyn", "--csv", "evelyn.csv"]) == 0
+    assert "layout: --student: every notebook under submitted/eve/hw02 is evelyn's" in capsys.readouterr().err
+    assert Path("evelyn.csv").read_text().splitlines()[1].startswith("evelyn,0,")
 
 
 def report_of(student: str, name: str, points: float, exercise: str | None = EXERCISE.id) -> NotebookReport:

@@ -134,7 +134,7 @@ JUDGE_START_S = 3.0
 
 @dataclass
 class Submission:
-    """One notebook to grade, and whose it is (`gradebook.find_submissions` finds them in a class's folders)."""
+    """One notebook to grade, and whose it is (`layouts.read_layout` finds them in a class's folders)."""
 
     path: Path
     student: str

@@ -2,13 +2,9 @@
 
 Whose notebook is it
 --------------------
-`find_submissions` reads the student from where a notebook lies under PATH:
-
-| layout | a notebook at | student |
-| --- | --- | --- |
-| nbgrader's | submitted/<student>/<assignment>/<notebook>.ipynb (PATH: submitted/) | <student> |
-| a folder per student | <student>/<notebook>.ipynb | <student> |
-| a flat folder, or one file | <notebook>.ipynb | the file's stem |
+`layouts.read_layout` reads each notebook's student from PATH and where the notebook lies (nbgrader's submitted/, one
+student's folder of it, a folder per student, a flat folder; --student NAME names one student), and the command says
+on stderr, in one line, which layout it read.
 
 One score per student and exercise
 ----------------------------------
@@ -48,12 +44,12 @@ from pathlib import Path
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points
 from minigrpo.grading.reports.files import write_text
+from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import (
     GradingError,
     GradingInterrupted,
     NotebookReport,
     Submission,
-    find_notebooks,
     grade_notebooks,
     say,
 )
@@ -64,19 +60,6 @@ SEVERAL_RULE = "best"
 NOT_GRADED = "not graded (interrupted)"
 """What the CSVs say of a notebook that SIGINT or SIGTERM stopped grading before it was graded: the status of its
 row, and its student's total (the points of their other notebooks are not their grade)."""
-
-
-def find_submissions(path: str | Path) -> list[Submission]:
-    """Every notebook under `path` (find_notebooks) with its student: see the module's table."""
-    path = Path(path)
-    notebooks = find_notebooks(path)
-    if not path.is_dir():
-        return [Submission(notebook, notebook.stem) for notebook in notebooks]
-    submissions = []
-    for notebook in notebooks:
-        parts = notebook.relative_to(path).parts
-        submissions.append(Submission(notebook, parts[0] if len(parts) > 1 else notebook.stem, path))
-    return submissions
 
 
 # --- one score per student and exercise ------------------------------------------------------------------
@@ -318,6 +301,7 @@ def grade_command(
     csv_path: str | None = None,
     checks_csv_path: str | None = None,
     writers: Sequence[Callable[[list[NotebookReport], float, list[Submission]], None]] = (),
+    student: str | None = None,
 ) -> int:
     """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
     128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). timeout: seconds per notebook (None:
@@ -326,12 +310,15 @@ def grade_command(
     grading took and the submissions an interrupt left ungraded (the CLI's --feedback and --gradescope:
     `feedback.write_feedback`, `gradescope.write_results`), each given absolute paths, since grading leaves the
     working folder. Interrupted, it still writes every output, for the notebooks graded, and each says which were
-    not (NOT_GRADED)."""
+    not (NOT_GRADED). student: every notebook under `path` is theirs (--student; None: read from the folders,
+    `layouts.read_layout`, whose one line on the layout read goes to stderr)."""
     try:
-        submissions = find_submissions(path)
+        layout = read_layout(path, student)
     except FileNotFoundError as error:
         say(f"error: {error}", sys.stderr)
         return 2
+    say(f"layout: {layout.description}", sys.stderr)
+    submissions = layout.submissions
     # grading leaves the working folder
     csv_path, checks_csv_path = (None if p is None else os.path.abspath(p) for p in (csv_path, checks_csv_path))
     started, not_graded, stopped = time.monotonic(), [], None
