@@ -21,7 +21,7 @@ from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_n
 from minigrpo.grading.framework import AFTER_TIMEOUT
 from minigrpo.grading.reports.gradebook import class_grades, format_scores, write_gradebook
 from minigrpo.grading.reports.layouts import read_layout
-from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission, collect, judge_budget
+from minigrpo.grading.runner import EMPTY, NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = EXERCISES["02_group_relative_advantages"]
@@ -134,7 +134,7 @@ def test_empty_and_unreadable_notebooks_score_zero_of_the_maximum(graded):
     (dave,) = by_student(report)["dave"]
     assert (carol["status"], carol["points"], carol["max_points"]) == ("unreadable", 0, 6)
     assert (dave["status"], dave["points"], dave["max_points"], dave["identified_by"]) == ("ok", 0, 6, "file name")
-    assert all(c["not_run"] == NOT_FOUND for c in dave["checks"])
+    assert all(c["not_run"] == EMPTY for c in dave["checks"]) and dave["seconds"] == 0  # said so, and not run
 
 
 def test_renamed_copies_grade_as_their_exercise_and_the_best_of_several_counts(graded):
@@ -456,3 +456,18 @@ def test_every_line_of_the_table_about_a_notebook_names_its_student(tmp_path):
     lost = table.split("what lost points:")[1].split("\n\n")[0].strip().splitlines()
     assert lost and all(line.strip().startswith(f"ann / {EXERCISE.id} ({NAME})") for line in lost)
     assert f"ann / {EXERCISE.id} ({NAME}) / check_rloo_advantages: did not run ({NOT_FOUND})" in table
+
+
+# --- what the grader says, as a learner reads it -------------------------------------------------------------
+def test_an_empty_notebook_is_told_that_nothing_was_handed_in_and_is_not_run(tmp_path):
+    empty = lay_out(tmp_path, NAME) / NAME  # saved with no cell at all
+    text_only = notebook("   \n")  # a blank code cell, and text
+    text_only.cells.insert(0, nbformat.v4.new_markdown_cell("I did not get to it."))
+    nbformat.write(text_only, tmp_path / "05_kl_k3_estimator.ipynb")
+    started = time.monotonic()
+    reports = grading.grade_notebooks([empty, tmp_path / "05_kl_k3_estimator.ipynb"], timeout=60, jobs=1)
+    assert time.monotonic() - started < 5  # no kernel started
+    for report in reports:
+        assert report.points == 0 and report.max_points > 0 and report.errors == []
+        assert [c["not_run"] for c in report.checks] == [EMPTY] * len(report.checks)
+    assert EMPTY == "nothing was handed in: your notebook has no code in it"  # not "was its cell deleted?"

@@ -20,7 +20,8 @@ How a notebook is graded, and why its score can be trusted
    does not call scores 0 of its points ("was its cell deleted?"), a check of
    another exercise is ignored, and an unreadable notebook scores 0 of the
    exercise's maximum. Another version's handout whose checks changed is refused
-   (0 points, with the reason) without being run.
+   (0 points, with the reason) without being run. An empty notebook (no code in
+   it) is not run either: each check scores 0, saying that nothing was handed in.
 3. Run it: nbclient executes the notebook in a fresh kernel of the current
    Python (`allow_errors=True`, so a cell that raises NotImplementedError does
    not stop the cells after it), under a SID of its own (setsid), with
@@ -326,6 +327,12 @@ def _record_problem(record, expected: list[str], accepted: dict) -> str | None:
 
 
 NOT_FOUND = "this check was not found in your notebook (was its cell deleted?)"
+EMPTY = "nothing was handed in: your notebook has no code in it"
+
+
+def has_code(nb) -> bool:
+    """Does any code cell hold something? A notebook without (saved empty, or with text only) is not run."""
+    return any(cell.cell_type == "code" and cell.source.strip() for cell in nb.cells)
 
 
 def graded_checks(nb, exercise: str | None) -> list[str]:
@@ -359,6 +366,8 @@ def collect(nb, records: dict[str, dict], report: NotebookReport, checks: Sequen
             reason = record["not_run"]
         elif nb is None:
             reason = f"the notebook is {report.status}"
+        elif not has_code(nb):
+            reason = EMPTY
         elif name not in called:
             reason = NOT_FOUND
         else:
@@ -615,7 +624,7 @@ async def _grade_notebook(
         collect(nb, {name: {"check": name, "not_run": reason} for name in checks} if reason else {}, report, checks)
         return report
     # every check of its exercise: the kernel says which ones ran, whatever name the notebook called them by
-    to_judge = checks
+    to_judge = checks if has_code(nb) else []  # an empty notebook has nothing to run: no kernel starts
     records = []
     if to_judge:  # a notebook of no exercise that calls no check has nothing to run
         limit_words = _limit_words(report.time_limit, report.exercise, explicit=timeout is not None)
