@@ -197,14 +197,17 @@ WILL_NOT_STOP = (
 
 @pytest.fixture(scope="module")
 def hanging_cells(tmp_path_factory):
-    """Two notebooks whose first cell hangs, graded at once with a limit of 24 s (12 s a cell) and a running line
-    every second: one cell stops when interrupted, the other catches KeyboardInterrupt. {student: report}, lines."""
+    """Two notebooks whose first code cell hangs (after a Markdown cell), graded at once with a limit of 24 s (12 s a
+    cell) and a running line every second: one cell stops when interrupted, the other catches KeyboardInterrupt.
+    {student: report}, lines."""
     folder = tmp_path_factory.mktemp("hanging")
     submissions = []
     for student, hang in [("stops", STOPS), ("will_not_stop", WILL_NOT_STOP)]:
         path = folder / student / "05_kl_k3_estimator.ipynb"
         path.parent.mkdir()
-        nbformat.write(notebook(hang, "after = 1", CALLS_ITS_CHECK), path)
+        nb = notebook(hang, "after = 1", CALLS_ITS_CHECK)
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Exercise 05: not a cell the learner counts"))
+        nbformat.write(nb, path)
         submissions.append(Submission(path, student))
     lines = []
     reports = grading.grade_notebooks(submissions, timeout=24, jobs=2, progress=lines.append, heartbeat_s=1)
@@ -215,9 +218,9 @@ def test_the_cells_after_a_hanging_cell_still_run_within_the_limit(hanging_cells
     reports, _ = hanging_cells
     stops = reports["stops"]
     assert stops.seconds <= 24 + judge_budget(["check_kl_k3"], 0.0) + 2 and stops.max_points == 3
-    assert stops.errors[0] == (
-        "cell 0 ran out of time: it ran longer than 12 s (half the notebook's limit), was interrupted, "
-        "and the cells after it still ran"
+    assert stops.errors[0] == (  # counted as the learner counts: code cells, from 1, with the cell's first line
+        "code cell 1 (`while True:  # an experiment that never ends`) ran out of time: it ran longer than 12 s (half "
+        "the notebook's limit), was interrupted, and the cells after it still ran"
     )
     assert any(e.startswith("NameError") for e in stops.errors)  # the check's cell ran: the cells after it did
 
@@ -226,7 +229,7 @@ def test_a_cell_that_does_not_stop_when_interrupted_ends_the_notebook_saying_it_
     reports, _ = hanging_cells
     stuck = reports["will_not_stop"]
     assert stuck.status == "timed out" and stuck.seconds <= 24 + 2
-    assert stuck.errors[0].startswith("cell 0 ran out of time (over 12 s) and did not stop when interrupted: ")
+    assert stuck.errors[0].startswith("code cell 1 (`while True:`) ran out of time (over 12 s) and did not stop when ")
     assert "the notebook ran out of time; the cells after it did not run (limit 24 s (--timeout))" in stuck.errors[0]
     assert stuck.checks[0]["points"] == 0 and stuck.checks[0]["not_run"] == "the notebook timed out"  # never ran
 
@@ -471,3 +474,25 @@ def test_an_empty_notebook_is_told_that_nothing_was_handed_in_and_is_not_run(tmp
         assert report.points == 0 and report.max_points > 0 and report.errors == []
         assert [c["not_run"] for c in report.checks] == [EMPTY] * len(report.checks)
     assert EMPTY == "nothing was handed in: your notebook has no code in it"  # not "was its cell deleted?"
+
+
+def test_a_cell_is_named_as_a_learner_finds_it_a_code_cells_number_from_one_and_its_first_line():
+    from minigrpo.grading.cells import cell_label, code_cell_numbers
+    from minigrpo.grading.runner import _out_of_time
+
+    nb = notebook("x = 1", "\n\n    while True:  # forever\n        pass", "y = " + "1 + " * 30 + "1", "")
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Title"))
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell("Why."))  # cells: md, x, md, while, y, empty
+    assert [cell_label(nb.cells, i) for i in (1, 3, 5)] == [
+        "code cell 1 (`x = 1`)",
+        "code cell 2 (`while True:  # forever`)",
+        "code cell 4 (empty)",
+    ]
+    assert cell_label(nb.cells, 4) == f"code cell 3 (`{('y = ' + '1 + ' * 30)[:57]}...`)"
+    report = NotebookReport("ann/02.ipynb")
+    _out_of_time(report, nb, [4, 5], "24 s (--timeout)", interrupted=3)
+    assert report.errors == [
+        "the notebook ran out of time: its limit is 24 s (--timeout); code cell 2 (`while True:  # forever`) was "
+        "interrupted; code cells 3, 4 did not run"
+    ]
+    assert code_cell_numbers(nb.cells, [5]) == "code cell 4"

@@ -61,7 +61,9 @@ solution takes to grade, `minigrpo.grading.exercises`); --timeout sets one
 limit for every notebook. A cell may run for at most half the limit (CELL_SHARE):
 a cell that hangs is interrupted (KeyboardInterrupt) and the cells after it
 still run and are judged; when it does not stop, or the limit is spent, the
-notebook is stopped and says that it ran out of time. The judge splits its time
+notebook is stopped and says that it ran out of time. A cell is named as the learner
+finds it (`cells.cell_label`: "code cell 3 (`while True:`)", code cells counted from 1).
+The judge splits its time
 between the checks, each getting at least its cases' own limits, so an infinite
 loop in one learner function leaves the next check its time. While notebooks run, `progress` gets a
 line at least every HEARTBEAT_S seconds ("12/41 graded; running: ...").
@@ -101,7 +103,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.grading.cells import TooDeep, python_of
+from minigrpo.grading.cells import TooDeep, cell_label, code_cell_numbers, python_of
 from minigrpo.grading.exercises import EXERCISES, METADATA_KEY, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import (
     CASES,
@@ -710,7 +712,7 @@ async def _run_cells(client, nb, deadline: float, report: NotebookReport, limit_
     for count, index in enumerate(code_cells, start=1):
         remaining = deadline - time.monotonic()
         if remaining < 1 + client.iopub_timeout:
-            _out_of_time(report, code_cells[count - 1 :], limit_words)
+            _out_of_time(report, nb, code_cells[count - 1 :], limit_words)
             return None
         # nbclient waits up to iopub_timeout for a cell's last output after its reply, or after interrupting it
         client.timeout = max(1, int(min(cell_limit, remaining - client.iopub_timeout)))
@@ -718,27 +720,29 @@ async def _run_cells(client, nb, deadline: float, report: NotebookReport, limit_
         await client.async_execute_cell(nb.cells[index], index, execution_count=count)
         if index not in client.timed_out:
             continue
+        cell = cell_label(nb.cells, index)  # as the learner finds it: a code cell's number from 1, its first line
         if not await kernels.responsive(client, min(KERNEL_ANSWER_S, max(1.0, deadline - time.monotonic()))):
             report.status = "timed out"
             report.errors.append(
-                f"cell {index} ran out of time (over {client.timeout} s) and did not stop when interrupted: "
+                f"{cell} ran out of time (over {client.timeout} s) and did not stop when interrupted: "
                 f"the notebook ran out of time; the cells after it did not run (limit {limit_words})"
             )
             return index
         if client.timeout < cell_limit:  # the notebook's limit, not the cell's, stopped it
-            _out_of_time(report, code_cells[count:], limit_words, interrupted=index)
+            _out_of_time(report, nb, code_cells[count:], limit_words, interrupted=index)
             return None
         report.errors.append(
-            f"cell {index} ran out of time: it ran longer than {cell_limit} s (half the notebook's limit), "
+            f"{cell} ran out of time: it ran longer than {cell_limit} s (half the notebook's limit), "
             "was interrupted, and the cells after it still ran"
         )
     return None
 
 
-def _out_of_time(report: NotebookReport, not_run: list[int], limit_words: str, interrupted: int | None = None):
+def _out_of_time(report: NotebookReport, nb, not_run: list[int], limit_words: str, interrupted: int | None = None):
+    """The notebook's limit is spent: `not_run` (indices in nb.cells) did not run; `interrupted` was cut short."""
     report.status = "timed out"
-    stopped = f"cell {interrupted} was interrupted; " if interrupted is not None else ""
-    left = f"cells {', '.join(map(str, not_run))} did not run" if not_run else "every cell ran"
+    stopped = f"{cell_label(nb.cells, interrupted)} was interrupted; " if interrupted is not None else ""
+    left = f"{code_cell_numbers(nb.cells, not_run)} did not run" if not_run else "every cell ran"
     report.errors.append(f"the notebook ran out of time: its limit is {limit_words}; {stopped}{left}")
 
 
@@ -748,7 +752,10 @@ async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder,
         return []
     reason = None
     if stuck is not None:
-        reason = f"not judged: the kernel was still running cell {stuck}, which did not stop when interrupted"
+        reason = (
+            f"not judged: the kernel was still running {cell_label(nb.cells, stuck)}, which did not stop when "
+            "interrupted"
+        )
     else:  # however little of the notebook's limit is left, the judge has its checks' own time (judge_budget)
         try:
             return await _judge(nb, checks, client.km, kernel_pid, deadline, jobs, folder)
