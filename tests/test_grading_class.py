@@ -189,6 +189,7 @@ def test_progress_counts_the_graded_notebooks_and_names_their_students(graded):
 
 
 CALLS_ITS_CHECK = "check_kl_k3(kl_k3)"  # a NameError (nothing imported): the notebook is run, and judged on time
+IMPORT_FAILS = "import numpyy  # a typo: the check's NameError comes from it"
 STOPS = "while True:  # an experiment that never ends\n    pass"
 WILL_NOT_STOP = (
     "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass"
@@ -198,14 +199,14 @@ WILL_NOT_STOP = (
 @pytest.fixture(scope="module")
 def hanging_cells(tmp_path_factory):
     """Two notebooks whose first code cell hangs (after a Markdown cell), graded at once with a limit of 24 s (12 s a
-    cell) and a running line every second: one cell stops when interrupted, the other catches KeyboardInterrupt.
-    {student: report}, lines."""
+    cell) and a running line every second: one cell stops when interrupted, the other catches KeyboardInterrupt; an
+    import fails after it. {student: report}, lines."""
     folder = tmp_path_factory.mktemp("hanging")
     submissions = []
     for student, hang in [("stops", STOPS), ("will_not_stop", WILL_NOT_STOP)]:
         path = folder / student / "05_kl_k3_estimator.ipynb"
         path.parent.mkdir()
-        nb = notebook(hang, "after = 1", CALLS_ITS_CHECK)
+        nb = notebook(hang, IMPORT_FAILS, "after = 1", CALLS_ITS_CHECK)
         nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Exercise 05: not a cell the learner counts"))
         nbformat.write(nb, path)
         submissions.append(Submission(path, student))
@@ -223,6 +224,10 @@ def test_the_cells_after_a_hanging_cell_still_run_within_the_limit(hanging_cells
         "the notebook's limit), was interrupted, and the cells after it still ran"
     )
     assert any(e.startswith("NameError") for e in stops.errors)  # the check's cell ran: the cells after it did
+    assert stops.checks[0]["not_run"] == (  # the import error first, not only the NameError it caused
+        "ModuleNotFoundError: No module named 'numpyy', in code cell 2 (`import numpyy  # a typo: the check's "
+        "NameError comes from it`); this check's cell then raised NameError: name 'check_kl_k3' is not defined"
+    )
 
 
 def test_a_cell_that_does_not_stop_when_interrupted_ends_the_notebook_saying_it_ran_out_of_time(hanging_cells):
@@ -496,3 +501,26 @@ def test_a_cell_is_named_as_a_learner_finds_it_a_code_cells_number_from_one_and_
         "interrupted; code cells 3, 4 did not run"
     ]
     assert code_cell_numbers(nb.cells, [5]) == "code cell 4"
+
+
+def test_an_import_error_is_said_before_the_name_error_it_causes_in_a_checks_cell():
+    def failed(ename: str, evalue: str) -> list:
+        return [nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[])]
+
+    nb = notebook(
+        "import torch\nfrom minigrpo import kl_k3_mine",
+        "def kl_k3(logp, ref_logp):\n    return torch.exp(ref_logp - logp)",
+        "check_kl_k3(kl_k3)",
+    )
+    nb.cells[0].outputs = failed("ImportError", "cannot import name 'kl_k3_mine' from 'minigrpo'")
+    nb.cells[2].outputs = failed("NameError", "name 'check_kl_k3' is not defined")
+    report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
+    collect(nb, {}, report)
+    assert report.checks[0]["not_run"] == (
+        "ImportError: cannot import name 'kl_k3_mine' from 'minigrpo', in code cell 1 (`import torch`); "
+        "this check's cell then raised NameError: name 'check_kl_k3' is not defined"
+    )
+    nb.cells[0].outputs = []  # no import failed: the NameError is the cell's own error
+    report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
+    collect(nb, {}, report)
+    assert report.checks[0]["not_run"] == "NameError: name 'check_kl_k3' is not defined"

@@ -69,7 +69,9 @@ loop in one learner function leaves the next check its time. While notebooks run
 line at least every HEARTBEAT_S seconds ("12/41 graded; running: ...").
 
 A check that the notebook calls but that did not run (its cell failed first, or
-the notebook timed out) scores 0 out of its maximum, with the reason. The
+the notebook timed out) scores 0 out of its maximum, with the reason: the error of
+its cell, said after the import error of an earlier cell when its cell's error is a
+NameError that import would likely have prevented. The
 grader sets MINIGRPO_QUICK=1 unless it is already set, so the notebooks'
 training cells stay short.
 
@@ -239,14 +241,32 @@ def expected_checks(nb) -> list[str]:
     return names + [name for name in check_calls(nb) if name not in names]
 
 
+IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
 def _cell_error(nb, check: str) -> str | None:
-    """'NameError: ...' from the first cell that calls `check` and failed, if any."""
-    for cell in nb.cells:
-        if cell.cell_type == "code" and check in cell.source:
-            for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
-                    return f"{output['ename']}: {output['evalue']}"
+    """'NameError: ...' from the first cell that calls `check` and failed, if any. A NameError that follows an import
+    that failed in an earlier cell is said after that import's error, which is the one to fix (the missing name is
+    most likely one the import was to bind)."""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and check in cell.source and (error := _error_of(cell)) is not None:
+            said = f"{error['ename']}: {error['evalue']}"
+            if error["ename"] != "NameError":
+                return said
+            for earlier, before in enumerate(nb.cells[:index]):
+                failed = _error_of(before) if before.cell_type == "code" else None
+                if failed is not None and failed["ename"] in IMPORT_ERRORS:
+                    return (
+                        f"{failed['ename']}: {failed['evalue']}, in {cell_label(nb.cells, earlier)}; "
+                        f"this check's cell then raised {said}"
+                    )
+            return said
     return None
+
+
+def _error_of(cell) -> dict | None:
+    """The error output of a code cell that ran and raised, if any."""
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
 
 
 def check_calls(nb) -> dict[str, dict]:
