@@ -19,7 +19,7 @@ import pytest
 from minigrpo import __version__, grading
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
 from minigrpo.grading.framework import AFTER_TIMEOUT
-from minigrpo.grading.reports.gradebook import class_grades, format_scores, write_gradebook
+from minigrpo.grading.reports.gradebook import class_grades, format_scores, json_report, write_gradebook
 from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import EMPTY, NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
@@ -524,3 +524,23 @@ def test_an_import_error_is_said_before_the_name_error_it_causes_in_a_checks_cel
     report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
     collect(nb, {}, report)
     assert report.checks[0]["not_run"] == "NameError: name 'check_kl_k3' is not defined"
+
+
+def test_the_table_names_a_students_notebooks_of_one_exercise_and_totals_only_the_one_that_counts():
+    reports = [
+        report_of("ann", NAME, 3),
+        report_of("bob", f"{EXERCISE.id} (1).ipynb", 0),  # an empty second copy: not counted
+        report_of("bob", f"Copy of {NAME}", 4),
+    ]
+    table = format_scores(reports)
+    rows = [line.split("  check_")[0].rstrip() for line in table.splitlines() if "  check_" in line]
+    assert rows == [
+        f"ann      {EXERCISE.id}",
+        f"bob      {EXERCISE.id} ({EXERCISE.id} (1).ipynb, not counted)",
+        f"bob      {EXERCISE.id} (Copy of {NAME})",
+    ]
+    assert re.search(r"^total\s+7\s+8$", table, flags=re.MULTILINE)  # ann's 3/4 and bob's 4/4, not bob's copy's 4
+    summary = json_report("class", reports, 1.0, None)
+    assert (summary["points"], summary["max_points"]) == (7, 8)
+    gradebook = table.split("gradebook (one row per student; --csv writes it):\n")[1].splitlines()
+    assert [line.split()[0] for line in gradebook[1:]] == ["ann", "bob"]

@@ -102,6 +102,18 @@ class ClassGrades:
         grade = next((s for s in self.students if s.student == report.student), None)
         return grade is not None and grade.exercises.get(report.exercise) is report
 
+    def outranked(self, report: NotebookReport) -> bool:
+        """Is this one of a student's several notebooks of an exercise, not the one that counts (SEVERAL_RULE)?"""
+        return report.exercise is not None and not self.counted(report)
+
+
+def table_total(reports: Sequence[NotebookReport]) -> tuple[float, float]:
+    """(points, maximum) of the score table's total: every notebook's once, but of a student's several notebooks of
+    one exercise only the one that counts (a second copy adds neither its points nor its maximum)."""
+    grades = class_grades(reports)
+    kept = [report for report in reports if not grades.outranked(report)]
+    return sum(r.points for r in kept), sum(r.max_points for r in kept)
+
 
 def class_grades(reports: Sequence[NotebookReport]) -> ClassGrades:
     """One row per student, one score per exercise (SEVERAL_RULE for several notebooks of one exercise)."""
@@ -137,14 +149,29 @@ def _exercise_label(report: NotebookReport) -> str:
     return report.exercise or f"({report.name})"  # a notebook of no exercise: its file's stem, in parentheses
 
 
+def _table_labels(reports: Sequence[NotebookReport], grades: ClassGrades) -> list[str]:
+    """Each report's exercise column: its exercise, and, for one of a student's several notebooks of an exercise,
+    which notebook it is and whether it counts ('02_x (Copy of 02_x.ipynb, not counted)')."""
+    handed_in = [(r.student, r.exercise) for r in reports]
+    labels = []
+    for report, key in zip(reports, handed_in, strict=True):
+        label = _exercise_label(report)
+        if report.exercise is not None and handed_in.count(key) > 1:
+            label += f" ({Path(report.path).name}{', not counted' if grades.outranked(report) else ''})"
+        labels.append(printable(label))
+    return labels
+
+
 def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()) -> str:
     """The score table (student, exercise, check, points, max), the total, what lost points, the notes, the
-    gradebook, and what was not graded. Every line about a notebook names its student.
+    gradebook, and what was not graded. Every line about a notebook names its student; a student's several notebooks
+    of one exercise are told apart by their file names, and the total adds only the one that counts (`table_total`).
 
     Every name and message a learner made is escaped (`limits.printable`): one line of text is one line of the table.
     """
+    grades = class_grades(reports)
     students = [printable(r.student) for r in reports]
-    labels = [printable(_exercise_label(r)) for r in reports]
+    labels = _table_labels(reports, grades)
     width = max([len("student")] + [len(n) for n in students])
     ex_width = max([len("exercise")] + [len(n) for n in labels])
     check_width = max([len("(no checks)")] + [len(c["check"]) for r in reports for c in r.checks])
@@ -157,12 +184,12 @@ def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()
                 f"{format_points(check['points']):>6}  {format_points(check['max_points']):>4}"
             )
     lines.append("-" * len(header))
-    total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
+    total, most = table_total(reports)
     pad = f"{'':<{ex_width}}  {'':<{check_width}}"
     lines.append(f"{'total':<{width}}  {pad}  {format_points(total):>6}  {format_points(most):>4}")
     details, notes = [], []
-    for student, label, report in zip(students, labels, reports, strict=True):
-        where = f"{student} / {label} ({printable(Path(report.path).name)})"
+    for student, report in zip(students, reports, strict=True):
+        where = f"{student} / {printable(_exercise_label(report))} ({printable(Path(report.path).name)})"
         if report.status != "ok":
             details.append(f"{where}: {report.status}" + (f" ({report.errors[0]})" if report.errors else ""))
         for check in report.checks:
@@ -174,7 +201,6 @@ def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()
         notes += [f"{where}: {note}" for note in report.notes]
     if details:
         lines += ["", "what lost points:"] + [f"  {printable(d)}" for d in details]
-    grades = class_grades(reports)
     notes += [f"{grade.student}: {note}" for grade in grades.students for note in grade.notes]
     if notes:
         lines += ["", "notes:"] + [f"  {printable(n)}" for n in notes]
@@ -354,10 +380,11 @@ def grade_command(
 def json_report(path, reports: list[NotebookReport], seconds: float, stopped: GradingInterrupted | None) -> dict:
     """What --json prints: the totals, the gradebook (students), and every notebook's report."""
     grades = class_grades(reports)
+    points, most = table_total(reports)
     summary = {
         "path": str(path),
-        "points": sum(r.points for r in reports),
-        "max_points": sum(r.max_points for r in reports),
+        "points": points,  # the table's total: a student's second notebook of an exercise adds nothing
+        "max_points": most,
         "seconds": round(seconds, 2),
         "limits": LIMITS,
         "several_notebooks_rule": SEVERAL_RULE,
