@@ -348,8 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
         "grade",
         help="grade an exercise notebook, or a class's folder of them",
         description="Grade notebooks: a .ipynb file, a flat folder (the student is the file's stem), a folder per "
-        "student, or nbgrader's submitted/ (submitted/<student>/<assignment>/*.ipynb). Each notebook is graded on "
-        "its exercise's checks and maximum; a student with several notebooks of one exercise gets the best score.",
+        "student, nbgrader's submitted/ (submitted/<student>/<assignment>/*.ipynb), or one student's folder of it "
+        "(submitted/<student>); it says which layout it read. Each notebook is graded on its exercise's checks and "
+        "maximum; a student with several notebooks of one exercise gets the best score.",
     )
     grade.add_argument("path", help="a .ipynb file or a folder")
     grade.add_argument("--json", action="store_true", help="print the scores as JSON")
@@ -378,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="also write Gradescope's results.json for PATH, one student's submission, to FILE",
+    )
+    grade.add_argument(
+        "--student",
+        default=None,
+        metavar="NAME",
+        help="every notebook under PATH is NAME's (one student's folder anywhere); default: read from the folders, "
+        "the layout read said in one line (a folder right below one named submitted is one student's)",
     )
     grade.add_argument(
         "--exercise",
@@ -590,6 +598,9 @@ def run_grade(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.student is not None and not args.student.strip():
+        print("error: --student is empty: give the student's name.", file=sys.stderr)
+        return 2
     if args.jobs is not None and args.jobs < 1:
         print(f"error: --jobs {args.jobs}: give 1 or more notebooks at once.", file=sys.stderr)
         return 2
@@ -614,6 +625,7 @@ def run_grade(args: argparse.Namespace) -> int:
         csv_path=args.csv,
         checks_csv_path=args.checks_csv,
         writers=grade_writers(args),
+        student=args.student,
     )
 
 

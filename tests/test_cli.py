@@ -141,6 +141,12 @@ def test_grade_checks_every_output_path_before_it_grades(capsys, monkeypatch, tm
     assert "--csv grades.csv cannot be written" in run(capsys, "grade", "class", "--csv", "grades.csv")
 
 
+def test_grade_refuses_an_empty_student_name_before_it_grades(capsys, tmp_path):
+    (tmp_path / "class").mkdir()
+    assert main(["grade", str(tmp_path / "class"), "--student", " "]) == 2
+    assert capsys.readouterr().err == "error: --student is empty: give the student's name.\n"
+
+
 def test_grade_makes_the_folders_its_outputs_go_in(capsys, tmp_path):
     (tmp_path / "class").mkdir()
     (tmp_path / "class" / "02_mine.ipynb").write_text("not a notebook")  # unreadable: no kernel starts

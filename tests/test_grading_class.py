@@ -19,8 +19,9 @@ import pytest
 from minigrpo import __version__, grading
 from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
 from minigrpo.grading.framework import AFTER_TIMEOUT
-from minigrpo.grading.reports.gradebook import class_grades, find_submissions, format_scores, write_gradebook
-from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission, collect, judge_budget
+from minigrpo.grading.reports.gradebook import class_grades, format_scores, json_report, write_gradebook
+from minigrpo.grading.reports.layouts import read_layout
+from minigrpo.grading.runner import EMPTY, NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISE = EXERCISES["02_group_relative_advantages"]
@@ -133,7 +134,7 @@ def test_empty_and_unreadable_notebooks_score_zero_of_the_maximum(graded):
     (dave,) = by_student(report)["dave"]
     assert (carol["status"], carol["points"], carol["max_points"]) == ("unreadable", 0, 6)
     assert (dave["status"], dave["points"], dave["max_points"], dave["identified_by"]) == ("ok", 0, 6, "file name")
-    assert all(c["not_run"] == NOT_FOUND for c in dave["checks"])
+    assert all(c["not_run"] == EMPTY for c in dave["checks"]) and dave["seconds"] == 0  # said so, and not run
 
 
 def test_renamed_copies_grade_as_their_exercise_and_the_best_of_several_counts(graded):
@@ -188,6 +189,7 @@ def test_progress_counts_the_graded_notebooks_and_names_their_students(graded):
 
 
 CALLS_ITS_CHECK = "check_kl_k3(kl_k3)"  # a NameError (nothing imported): the notebook is run, and judged on time
+IMPORT_FAILS = "import numpyy  # a typo: the check's NameError comes from it"
 STOPS = "while True:  # an experiment that never ends\n    pass"
 WILL_NOT_STOP = (
     "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass"
@@ -196,14 +198,17 @@ WILL_NOT_STOP = (
 
 @pytest.fixture(scope="module")
 def hanging_cells(tmp_path_factory):
-    """Two notebooks whose first cell hangs, graded at once with a limit of 24 s (12 s a cell) and a running line
-    every second: one cell stops when interrupted, the other catches KeyboardInterrupt. {student: report}, lines."""
+    """Two notebooks whose first code cell hangs (after a Markdown cell), graded at once with a limit of 24 s (12 s a
+    cell) and a running line every second: one cell stops when interrupted, the other catches KeyboardInterrupt; an
+    import fails after it. {student: report}, lines."""
     folder = tmp_path_factory.mktemp("hanging")
     submissions = []
     for student, hang in [("stops", STOPS), ("will_not_stop", WILL_NOT_STOP)]:
         path = folder / student / "05_kl_k3_estimator.ipynb"
         path.parent.mkdir()
-        nbformat.write(notebook(hang, "after = 1", CALLS_ITS_CHECK), path)
+        nb = notebook(hang, IMPORT_FAILS, "after = 1", CALLS_ITS_CHECK)
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Exercise 05: not a cell the learner counts"))
+        nbformat.write(nb, path)
         submissions.append(Submission(path, student))
     lines = []
     reports = grading.grade_notebooks(submissions, timeout=24, jobs=2, progress=lines.append, heartbeat_s=1)
@@ -214,18 +219,22 @@ def test_the_cells_after_a_hanging_cell_still_run_within_the_limit(hanging_cells
     reports, _ = hanging_cells
     stops = reports["stops"]
     assert stops.seconds <= 24 + judge_budget(["check_kl_k3"], 0.0) + 2 and stops.max_points == 3
-    assert stops.errors[0] == (
-        "cell 0 ran out of time: it ran longer than 12 s (half the notebook's limit), was interrupted, "
-        "and the cells after it still ran"
+    assert stops.errors[0] == (  # counted as the learner counts: code cells, from 1, with the cell's first line
+        "code cell 1 (`while True:  # an experiment that never ends`) ran out of time: it ran longer than 12 s (half "
+        "the notebook's limit), was interrupted, and the cells after it still ran"
     )
     assert any(e.startswith("NameError") for e in stops.errors)  # the check's cell ran: the cells after it did
+    assert stops.checks[0]["not_run"] == (  # the import error first, not only the NameError it caused
+        "ModuleNotFoundError: No module named 'numpyy', in code cell 2 (`import numpyy  # a typo: the check's "
+        "NameError comes from it`); this check's cell then raised NameError: name 'check_kl_k3' is not defined"
+    )
 
 
 def test_a_cell_that_does_not_stop_when_interrupted_ends_the_notebook_saying_it_ran_out_of_time(hanging_cells):
     reports, _ = hanging_cells
     stuck = reports["will_not_stop"]
     assert stuck.status == "timed out" and stuck.seconds <= 24 + 2
-    assert stuck.errors[0].startswith("cell 0 ran out of time (over 12 s) and did not stop when interrupted: ")
+    assert stuck.errors[0].startswith("code cell 1 (`while True:`) ran out of time (over 12 s) and did not stop when ")
     assert "the notebook ran out of time; the cells after it did not run (limit 24 s (--timeout))" in stuck.errors[0]
     assert stuck.checks[0]["points"] == 0 and stuck.checks[0]["not_run"] == "the notebook timed out"  # never ran
 
@@ -321,14 +330,100 @@ def test_a_refusal_names_what_differs_and_what_to_do():
     assert refusal.endswith("grade it with the minigrpo that made the handout, or hand out minigrpo 9.9.9's exercise")
 
 
+def lay_out(root: Path, *relatives: str) -> Path:
+    """Empty notebooks at `relatives` under `root`; returns root."""
+    for relative in relatives:
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook(), root / relative)
+    return root
+
+
+def students(path, student=None) -> list[str]:
+    return [s.student for s in read_layout(path, student).submissions]
+
+
 def test_students_come_from_nbgraders_layout_a_folder_each_or_the_file_name(tmp_path):
-    for relative in ["submitted/ann/ps1/02_a.ipynb", "folders/ben/02_a.ipynb", "flat/cat.ipynb"]:
-        (tmp_path / relative).parent.mkdir(parents=True)
-        nbformat.write(notebook(), tmp_path / relative)
-    assert [s.student for s in find_submissions(tmp_path / "submitted")] == ["ann"]
-    assert [s.student for s in find_submissions(tmp_path / "folders")] == ["ben"]
-    assert [s.student for s in find_submissions(tmp_path / "flat")] == ["cat"]
-    assert [s.student for s in find_submissions(tmp_path / "flat" / "cat.ipynb")] == ["cat"]
+    lay_out(tmp_path, "submitted/ann/ps1/02_a.ipynb", "folders/ben/02_a.ipynb", "flat/cat.ipynb")
+    assert students(tmp_path / "submitted") == ["ann"]
+    assert students(tmp_path / "folders") == ["ben"]
+    assert students(tmp_path / "flat") == ["cat"]
+    assert students(tmp_path / "flat" / "cat.ipynb") == ["cat"]
+    assert read_layout(tmp_path / "submitted").description == (
+        "nbgrader's submitted/ (submitted/<student>/<assignment>/): 1 student (ann)"
+    )
+    flat = read_layout(tmp_path / "flat").description
+    assert flat == "a flat folder: each notebook's student is its file's stem (1 notebook)"
+
+
+def test_one_students_folder_of_nbgraders_layout_is_theirs_however_deep_the_path_points(tmp_path):
+    class_ = lay_out(tmp_path / "submitted", "gus/hw02/02_a.ipynb", "gus/hw05/05_b.ipynb", "ann/hw02/02_a.ipynb")
+    assert students(class_) == ["ann", "gus", "gus"]
+    for path in (class_ / "gus", class_ / "gus" / "hw02", class_ / "gus" / "hw02" / "02_a.ipynb"):
+        assert set(students(path)) == {"gus"}, path
+    line = read_layout(class_ / "gus").description
+    assert line == (
+        "nbgrader's, one student's folder (submitted/<student>/<assignment>/): every notebook is gus's "
+        "(2 notebooks; --student NAME names another)"
+    )
+
+
+def test_a_folder_per_student_keeps_its_students_whatever_subfolders_their_notebooks_sit_in(tmp_path):
+    class_ = lay_out(tmp_path / "class", "ann/week1/02_a.ipynb", "ann/week2/deep/05_b.ipynb", "ben/02_a.ipynb")
+    assert students(class_) == ["ann", "ann", "ben"]
+    line = read_layout(class_).description
+    assert line.startswith("a folder per student (<student>/...): 2 students (ann, ben); ")
+    assert line.endswith("; for one student's folder, give --student NAME")  # its folders could be assignments
+
+
+def test_which_layout_wins_when_a_folder_reads_two_ways_and_student_wins_over_all(tmp_path):
+    """PATH/a/x.ipynb: a class (a is a student) or one student's nbgrader folder (a is an assignment)? PATH's own path
+    decides: right below a folder named submitted, one student's; elsewhere a class. --student wins over both."""
+    tree = ("hw02/02_a.ipynb", "hw05/05_b.ipynb")
+    below_submitted = lay_out(tmp_path / "submitted" / "eve", *tree)
+    elsewhere = lay_out(tmp_path / "copied" / "eve", *tree)
+    assert students(below_submitted) == ["eve", "eve"]
+    assert students(elsewhere) == ["hw02", "hw05"]  # a class of two: the line names them, and says what to give
+    line = read_layout(elsewhere).description
+    assert "2 students (hw02, hw05)" in line and "--student NAME" in line
+    assert students(elsewhere, student="eve") == students(below_submitted, student="eve") == ["eve", "eve"]
+    assert students(tmp_path / "submitted", student="eve") == ["eve", "eve"]  # a whole class, named one student
+    line = read_layout(elsewhere, "eve").description
+    assert line == f"--student: every notebook under {elsewhere} is eve's (2 notebooks)"
+
+
+def test_regrading_one_student_of_a_class_writes_one_row_and_one_feedback_file_under_their_name(
+    tmp_path, monkeypatch, capsys
+):
+    from minigrpo.__main__ import main
+
+    for student in ("ann", "eve"):  # no kernel starts: an empty notebook and one that is no notebook
+        lay_out(tmp_path / "submitted" / student, f"hw02/{NAME}")
+        (tmp_path / "submitted" / student / "hw05" / "05_kl_k3_estimator.ipynb").parent.mkdir()
+        (tmp_path / "submitted" / student / "hw05" / "05_kl_k3_estimator.ipynb").write_text("not a notebook")
+    monkeypatch.chdir(tmp_path)
+    outputs = ["--feedback", "fb", "--csv", "eve.csv", "--gradescope", "eve.json"]
+    assert main(["grade", "submitted/eve", *outputs]) == 0
+    err = capsys.readouterr().err
+    assert (
+        "\nlayout: nbgrader's, one student's folder (submitted/<student>/<assignment>/): every notebook is eve's ("
+        in ("\n" + err)
+    )
+    with open("eve.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["student"], r[EXERCISE.id], r["05_kl_k3_estimator"], r["max_points"]) for r in rows] == [
+        ("eve", "0", "0", "9")
+    ]
+    assert sorted(p.name for p in Path("fb").iterdir()) == ["eve.md"]
+    assert "# Feedback for `eve`" in Path("fb/eve.md").read_text()
+    results = json.loads(Path("eve.json").read_text())  # one submission: both exercises, every check listed
+    assert [t["name"] for t in results["tests"]] == [
+        "02 check_group_relative_advantages",
+        "02 check_rloo_advantages",
+        "05 check_kl_k3",
+    ]
+    assert main(["grade", "submitted/eve/hw02", "--student", "evelyn", "--csv", "evelyn.csv"]) == 0
+    assert "layout: --student: every notebook under submitted/eve/hw02 is evelyn's" in capsys.readouterr().err
+    assert Path("evelyn.csv").read_text().splitlines()[1].startswith("evelyn,0,")
 
 
 def report_of(student: str, name: str, points: float, exercise: str | None = EXERCISE.id) -> NotebookReport:
@@ -369,3 +464,83 @@ def test_every_line_of_the_table_about_a_notebook_names_its_student(tmp_path):
     lost = table.split("what lost points:")[1].split("\n\n")[0].strip().splitlines()
     assert lost and all(line.strip().startswith(f"ann / {EXERCISE.id} ({NAME})") for line in lost)
     assert f"ann / {EXERCISE.id} ({NAME}) / check_rloo_advantages: did not run ({NOT_FOUND})" in table
+
+
+# --- what the grader says, as a learner reads it -------------------------------------------------------------
+def test_an_empty_notebook_is_told_that_nothing_was_handed_in_and_is_not_run(tmp_path):
+    empty = lay_out(tmp_path, NAME) / NAME  # saved with no cell at all
+    text_only = notebook("   \n")  # a blank code cell, and text
+    text_only.cells.insert(0, nbformat.v4.new_markdown_cell("I did not get to it."))
+    nbformat.write(text_only, tmp_path / "05_kl_k3_estimator.ipynb")
+    started = time.monotonic()
+    reports = grading.grade_notebooks([empty, tmp_path / "05_kl_k3_estimator.ipynb"], timeout=60, jobs=1)
+    assert time.monotonic() - started < 5  # no kernel started
+    for report in reports:
+        assert report.points == 0 and report.max_points > 0 and report.errors == []
+        assert [c["not_run"] for c in report.checks] == [EMPTY] * len(report.checks)
+    assert EMPTY == "nothing was handed in: your notebook has no code in it"  # not "was its cell deleted?"
+
+
+def test_a_cell_is_named_as_a_learner_finds_it_a_code_cells_number_from_one_and_its_first_line():
+    from minigrpo.grading.cells import cell_label, code_cell_numbers
+    from minigrpo.grading.runner import _out_of_time
+
+    nb = notebook("x = 1", "\n\n    while True:  # forever\n        pass", "y = " + "1 + " * 30 + "1", "")
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Title"))
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell("Why."))  # cells: md, x, md, while, y, empty
+    assert [cell_label(nb.cells, i) for i in (1, 3, 5)] == [
+        "code cell 1 (`x = 1`)",
+        "code cell 2 (`while True:  # forever`)",
+        "code cell 4 (empty)",
+    ]
+    assert cell_label(nb.cells, 4) == f"code cell 3 (`{('y = ' + '1 + ' * 30)[:57]}...`)"
+    report = NotebookReport("ann/02.ipynb")
+    _out_of_time(report, nb, [4, 5], "24 s (--timeout)", interrupted=3)
+    assert report.errors == [
+        "the notebook ran out of time: its limit is 24 s (--timeout); code cell 2 (`while True:  # forever`) was "
+        "interrupted; code cells 3, 4 did not run"
+    ]
+    assert code_cell_numbers(nb.cells, [5]) == "code cell 4"
+
+
+def test_an_import_error_is_said_before_the_name_error_it_causes_in_a_checks_cell():
+    def failed(ename: str, evalue: str) -> list:
+        return [nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[])]
+
+    nb = notebook(
+        "import torch\nfrom minigrpo import kl_k3_mine",
+        "def kl_k3(logp, ref_logp):\n    return torch.exp(ref_logp - logp)",
+        "check_kl_k3(kl_k3)",
+    )
+    nb.cells[0].outputs = failed("ImportError", "cannot import name 'kl_k3_mine' from 'minigrpo'")
+    nb.cells[2].outputs = failed("NameError", "name 'check_kl_k3' is not defined")
+    report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
+    collect(nb, {}, report)
+    assert report.checks[0]["not_run"] == (
+        "ImportError: cannot import name 'kl_k3_mine' from 'minigrpo', in code cell 1 (`import torch`); "
+        "this check's cell then raised NameError: name 'check_kl_k3' is not defined"
+    )
+    nb.cells[0].outputs = []  # no import failed: the NameError is the cell's own error
+    report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
+    collect(nb, {}, report)
+    assert report.checks[0]["not_run"] == "NameError: name 'check_kl_k3' is not defined"
+
+
+def test_the_table_names_a_students_notebooks_of_one_exercise_and_totals_only_the_one_that_counts():
+    reports = [
+        report_of("ann", NAME, 3),
+        report_of("bob", f"{EXERCISE.id} (1).ipynb", 0),  # an empty second copy: not counted
+        report_of("bob", f"Copy of {NAME}", 4),
+    ]
+    table = format_scores(reports)
+    rows = [line.split("  check_")[0].rstrip() for line in table.splitlines() if "  check_" in line]
+    assert rows == [
+        f"ann      {EXERCISE.id}",
+        f"bob      {EXERCISE.id} ({EXERCISE.id} (1).ipynb, not counted)",
+        f"bob      {EXERCISE.id} (Copy of {NAME})",
+    ]
+    assert re.search(r"^total\s+7\s+8$", table, flags=re.MULTILINE)  # ann's 3/4 and bob's 4/4, not bob's copy's 4
+    summary = json_report("class", reports, 1.0, None)
+    assert (summary["points"], summary["max_points"]) == (7, 8)
+    gradebook = table.split("gradebook (one row per student; --csv writes it):\n")[1].splitlines()
+    assert [line.split()[0] for line in gradebook[1:]] == ["ann", "bob"]

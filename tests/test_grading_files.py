@@ -13,7 +13,8 @@ import os
 import nbformat
 import pytest
 
-from minigrpo.grading.reports.gradebook import find_submissions, grade_command
+from minigrpo.grading.reports.gradebook import grade_command
+from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import _read
 from minigrpo.grading.sandbox.limits import NotebookRefused, read_notebook
 
@@ -63,7 +64,7 @@ def test_a_file_that_does_not_parse_is_reported_by_its_error_type_and_path_only(
 
 def test_grading_a_class_with_links_leaks_nothing_and_grades_no_other_file(classroom, tmp_path, capsys):
     folder, _ = classroom
-    submissions = find_submissions(folder)
+    submissions = read_layout(folder).submissions
     assert sorted(s.student for s in submissions) == ["ann", "ann", "bob", "eve", "jane"]
     assert "linked_folder" not in str([s.path for s in submissions])
     gradebook, checks = tmp_path / "grades.csv", tmp_path / "checks.csv"

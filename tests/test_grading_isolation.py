@@ -357,14 +357,14 @@ def test_a_judge_read_cancelled_by_an_interrupt_leaves_no_error_unread():
 def test_an_interrupted_run_prints_the_graded_and_the_not_graded(monkeypatch, capsys):
     """What the command prints when SIGINT stopped grading: no kernel here, grade_notebooks is replaced."""
     from minigrpo.grading import runner
-    from minigrpo.grading.reports import gradebook
+    from minigrpo.grading.reports import gradebook, layouts
 
     graded = NotebookReport("ex/01.ipynb", checks=[{"check": "check_kl_k3", "points": 3, "max_points": 3}])
 
     def interrupted(*args, **kwargs):
         raise runner.GradingInterrupted(signal.SIGINT, [graded], [Path("ex/02.ipynb")])
 
-    monkeypatch.setattr(gradebook, "find_notebooks", lambda path: [Path("ex/01.ipynb"), Path("ex/02.ipynb")])
+    monkeypatch.setattr(layouts, "find_notebooks", lambda path: [Path("ex/01.ipynb"), Path("ex/02.ipynb")])
     monkeypatch.setattr(gradebook, "grade_notebooks", interrupted)
     assert gradebook.grade_command("ex") == 130
     out, err = capsys.readouterr()

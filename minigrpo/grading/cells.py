@@ -4,6 +4,9 @@ IPython turns `%%capture` (any cell magic) into `get_ipython().run_cell_magic('c
 string, so a reader of the cell's syntax tree sees none of the code the magic runs. `python_of(cell)` gives the cell's
 Python and the Python of every cell magic's body that parses (nested magics too): what the grader reads for the checks
 a cell calls and the package's functions it uses. A body that does not parse as Python (`%%bash`) is left out.
+
+What the grader says of a cell names it as a learner finds it (`cell_label`): its number among the code cells, from 1,
+and its first line.
 """
 
 from __future__ import annotations
@@ -60,3 +63,24 @@ def _cell_magic_bodies(tree: ast.Module) -> list[str]:
         ):
             bodies.append(node.args[2].value)
     return bodies
+
+
+FIRST_LINE_CHARS = 60
+"""A cell's first line is quoted up to this many characters."""
+
+
+def cell_label(cells, index: int) -> str:
+    """'code cell 3 (`while True:`)': cell `index` of a notebook's `cells` as a learner finds it, counted among the
+    code cells from 1 (markdown cells are not counted; Jupyter numbers no cell), with its first line that is not
+    blank, cut at FIRST_LINE_CHARS."""
+    number = sum(cell.cell_type == "code" for cell in cells[: index + 1])
+    line = next((line.strip() for line in cells[index].source.splitlines() if line.strip()), "")
+    if len(line) > FIRST_LINE_CHARS:
+        line = line[: FIRST_LINE_CHARS - 3] + "..."
+    return f"code cell {number}" + (f" (`{line}`)" if line else " (empty)")
+
+
+def code_cell_numbers(cells, indices) -> str:
+    """'code cell 4' or 'code cells 4, 5, 6': cells `indices` of `cells`, counted as `cell_label` counts them."""
+    numbers = [sum(cell.cell_type == "code" for cell in cells[: index + 1]) for index in indices]
+    return f"code cell{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"

@@ -20,7 +20,8 @@ How a notebook is graded, and why its score can be trusted
    does not call scores 0 of its points ("was its cell deleted?"), a check of
    another exercise is ignored, and an unreadable notebook scores 0 of the
    exercise's maximum. Another version's handout whose checks changed is refused
-   (0 points, with the reason) without being run.
+   (0 points, with the reason) without being run. An empty notebook (no code in
+   it) is not run either: each check scores 0, saying that nothing was handed in.
 3. Run it: nbclient executes the notebook in a fresh kernel of the current
    Python (`allow_errors=True`, so a cell that raises NotImplementedError does
    not stop the cells after it), under a SID of its own (setsid), with
@@ -60,13 +61,17 @@ solution takes to grade, `minigrpo.grading.exercises`); --timeout sets one
 limit for every notebook. A cell may run for at most half the limit (CELL_SHARE):
 a cell that hangs is interrupted (KeyboardInterrupt) and the cells after it
 still run and are judged; when it does not stop, or the limit is spent, the
-notebook is stopped and says that it ran out of time. The judge splits its time
+notebook is stopped and says that it ran out of time. A cell is named as the learner
+finds it (`cells.cell_label`: "code cell 3 (`while True:`)", code cells counted from 1).
+The judge splits its time
 between the checks, each getting at least its cases' own limits, so an infinite
 loop in one learner function leaves the next check its time. While notebooks run, `progress` gets a
 line at least every HEARTBEAT_S seconds ("12/41 graded; running: ...").
 
 A check that the notebook calls but that did not run (its cell failed first, or
-the notebook timed out) scores 0 out of its maximum, with the reason. The
+the notebook timed out) scores 0 out of its maximum, with the reason: the error of
+its cell, said after the import error of an earlier cell when its cell's error is a
+NameError that import would likely have prevented. The
 grader sets MINIGRPO_QUICK=1 unless it is already set, so the notebooks'
 training cells stay short.
 
@@ -100,7 +105,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minigrpo.grading.cells import TooDeep, python_of
+from minigrpo.grading.cells import TooDeep, cell_label, code_cell_numbers, python_of
 from minigrpo.grading.exercises import EXERCISES, METADATA_KEY, TIME_LIMIT_FACTOR, identify, owner
 from minigrpo.grading.framework import (
     CASES,
@@ -134,7 +139,7 @@ JUDGE_START_S = 3.0
 
 @dataclass
 class Submission:
-    """One notebook to grade, and whose it is (`gradebook.find_submissions` finds them in a class's folders)."""
+    """One notebook to grade, and whose it is (`layouts.read_layout` finds them in a class's folders)."""
 
     path: Path
     student: str
@@ -236,14 +241,32 @@ def expected_checks(nb) -> list[str]:
     return names + [name for name in check_calls(nb) if name not in names]
 
 
+IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
 def _cell_error(nb, check: str) -> str | None:
-    """'NameError: ...' from the first cell that calls `check` and failed, if any."""
-    for cell in nb.cells:
-        if cell.cell_type == "code" and check in cell.source:
-            for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
-                    return f"{output['ename']}: {output['evalue']}"
+    """'NameError: ...' from the first cell that calls `check` and failed, if any. A NameError that follows an import
+    that failed in an earlier cell is said after that import's error, which is the one to fix (the missing name is
+    most likely one the import was to bind)."""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and check in cell.source and (error := _error_of(cell)) is not None:
+            said = f"{error['ename']}: {error['evalue']}"
+            if error["ename"] != "NameError":
+                return said
+            for earlier, before in enumerate(nb.cells[:index]):
+                failed = _error_of(before) if before.cell_type == "code" else None
+                if failed is not None and failed["ename"] in IMPORT_ERRORS:
+                    return (
+                        f"{failed['ename']}: {failed['evalue']}, in {cell_label(nb.cells, earlier)}; "
+                        f"this check's cell then raised {said}"
+                    )
+            return said
     return None
+
+
+def _error_of(cell) -> dict | None:
+    """The error output of a code cell that ran and raised, if any."""
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
 
 
 def check_calls(nb) -> dict[str, dict]:
@@ -326,6 +349,12 @@ def _record_problem(record, expected: list[str], accepted: dict) -> str | None:
 
 
 NOT_FOUND = "this check was not found in your notebook (was its cell deleted?)"
+EMPTY = "nothing was handed in: your notebook has no code in it"
+
+
+def has_code(nb) -> bool:
+    """Does any code cell hold something? A notebook without (saved empty, or with text only) is not run."""
+    return any(cell.cell_type == "code" and cell.source.strip() for cell in nb.cells)
 
 
 def graded_checks(nb, exercise: str | None) -> list[str]:
@@ -359,6 +388,8 @@ def collect(nb, records: dict[str, dict], report: NotebookReport, checks: Sequen
             reason = record["not_run"]
         elif nb is None:
             reason = f"the notebook is {report.status}"
+        elif not has_code(nb):
+            reason = EMPTY
         elif name not in called:
             reason = NOT_FOUND
         else:
@@ -615,7 +646,7 @@ async def _grade_notebook(
         collect(nb, {name: {"check": name, "not_run": reason} for name in checks} if reason else {}, report, checks)
         return report
     # every check of its exercise: the kernel says which ones ran, whatever name the notebook called them by
-    to_judge = checks
+    to_judge = checks if has_code(nb) else []  # an empty notebook has nothing to run: no kernel starts
     records = []
     if to_judge:  # a notebook of no exercise that calls no check has nothing to run
         limit_words = _limit_words(report.time_limit, report.exercise, explicit=timeout is not None)
@@ -701,7 +732,7 @@ async def _run_cells(client, nb, deadline: float, report: NotebookReport, limit_
     for count, index in enumerate(code_cells, start=1):
         remaining = deadline - time.monotonic()
         if remaining < 1 + client.iopub_timeout:
-            _out_of_time(report, code_cells[count - 1 :], limit_words)
+            _out_of_time(report, nb, code_cells[count - 1 :], limit_words)
             return None
         # nbclient waits up to iopub_timeout for a cell's last output after its reply, or after interrupting it
         client.timeout = max(1, int(min(cell_limit, remaining - client.iopub_timeout)))
@@ -709,27 +740,29 @@ async def _run_cells(client, nb, deadline: float, report: NotebookReport, limit_
         await client.async_execute_cell(nb.cells[index], index, execution_count=count)
         if index not in client.timed_out:
             continue
+        cell = cell_label(nb.cells, index)  # as the learner finds it: a code cell's number from 1, its first line
         if not await kernels.responsive(client, min(KERNEL_ANSWER_S, max(1.0, deadline - time.monotonic()))):
             report.status = "timed out"
             report.errors.append(
-                f"cell {index} ran out of time (over {client.timeout} s) and did not stop when interrupted: "
+                f"{cell} ran out of time (over {client.timeout} s) and did not stop when interrupted: "
                 f"the notebook ran out of time; the cells after it did not run (limit {limit_words})"
             )
             return index
         if client.timeout < cell_limit:  # the notebook's limit, not the cell's, stopped it
-            _out_of_time(report, code_cells[count:], limit_words, interrupted=index)
+            _out_of_time(report, nb, code_cells[count:], limit_words, interrupted=index)
             return None
         report.errors.append(
-            f"cell {index} ran out of time: it ran longer than {cell_limit} s (half the notebook's limit), "
+            f"{cell} ran out of time: it ran longer than {cell_limit} s (half the notebook's limit), "
             "was interrupted, and the cells after it still ran"
         )
     return None
 
 
-def _out_of_time(report: NotebookReport, not_run: list[int], limit_words: str, interrupted: int | None = None):
+def _out_of_time(report: NotebookReport, nb, not_run: list[int], limit_words: str, interrupted: int | None = None):
+    """The notebook's limit is spent: `not_run` (indices in nb.cells) did not run; `interrupted` was cut short."""
     report.status = "timed out"
-    stopped = f"cell {interrupted} was interrupted; " if interrupted is not None else ""
-    left = f"cells {', '.join(map(str, not_run))} did not run" if not_run else "every cell ran"
+    stopped = f"{cell_label(nb.cells, interrupted)} was interrupted; " if interrupted is not None else ""
+    left = f"{code_cell_numbers(nb.cells, not_run)} did not run" if not_run else "every cell ran"
     report.errors.append(f"the notebook ran out of time: its limit is {limit_words}; {stopped}{left}")
 
 
@@ -739,7 +772,10 @@ async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder,
         return []
     reason = None
     if stuck is not None:
-        reason = f"not judged: the kernel was still running cell {stuck}, which did not stop when interrupted"
+        reason = (
+            f"not judged: the kernel was still running {cell_label(nb.cells, stuck)}, which did not stop when "
+            "interrupted"
+        )
     else:  # however little of the notebook's limit is left, the judge has its checks' own time (judge_budget)
         try:
             return await _judge(nb, checks, client.km, kernel_pid, deadline, jobs, folder)

@@ -2,13 +2,9 @@
 
 Whose notebook is it
 --------------------
-`find_submissions` reads the student from where a notebook lies under PATH:
-
-| layout | a notebook at | student |
-| --- | --- | --- |
-| nbgrader's | submitted/<student>/<assignment>/<notebook>.ipynb (PATH: submitted/) | <student> |
-| a folder per student | <student>/<notebook>.ipynb | <student> |
-| a flat folder, or one file | <notebook>.ipynb | the file's stem |
+`layouts.read_layout` reads each notebook's student from PATH and where the notebook lies (nbgrader's submitted/, one
+student's folder of it, a folder per student, a flat folder; --student NAME names one student), and the command says
+on stderr, in one line, which layout it read.
 
 One score per student and exercise
 ----------------------------------
@@ -48,12 +44,12 @@ from pathlib import Path
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.framework import format_points
 from minigrpo.grading.reports.files import write_text
+from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import (
     GradingError,
     GradingInterrupted,
     NotebookReport,
     Submission,
-    find_notebooks,
     grade_notebooks,
     say,
 )
@@ -64,19 +60,6 @@ SEVERAL_RULE = "best"
 NOT_GRADED = "not graded (interrupted)"
 """What the CSVs say of a notebook that SIGINT or SIGTERM stopped grading before it was graded: the status of its
 row, and its student's total (the points of their other notebooks are not their grade)."""
-
-
-def find_submissions(path: str | Path) -> list[Submission]:
-    """Every notebook under `path` (find_notebooks) with its student: see the module's table."""
-    path = Path(path)
-    notebooks = find_notebooks(path)
-    if not path.is_dir():
-        return [Submission(notebook, notebook.stem) for notebook in notebooks]
-    submissions = []
-    for notebook in notebooks:
-        parts = notebook.relative_to(path).parts
-        submissions.append(Submission(notebook, parts[0] if len(parts) > 1 else notebook.stem, path))
-    return submissions
 
 
 # --- one score per student and exercise ------------------------------------------------------------------
@@ -119,6 +102,18 @@ class ClassGrades:
         grade = next((s for s in self.students if s.student == report.student), None)
         return grade is not None and grade.exercises.get(report.exercise) is report
 
+    def outranked(self, report: NotebookReport) -> bool:
+        """Is this one of a student's several notebooks of an exercise, not the one that counts (SEVERAL_RULE)?"""
+        return report.exercise is not None and not self.counted(report)
+
+
+def table_total(reports: Sequence[NotebookReport]) -> tuple[float, float]:
+    """(points, maximum) of the score table's total: every notebook's once, but of a student's several notebooks of
+    one exercise only the one that counts (a second copy adds neither its points nor its maximum)."""
+    grades = class_grades(reports)
+    kept = [report for report in reports if not grades.outranked(report)]
+    return sum(r.points for r in kept), sum(r.max_points for r in kept)
+
 
 def class_grades(reports: Sequence[NotebookReport]) -> ClassGrades:
     """One row per student, one score per exercise (SEVERAL_RULE for several notebooks of one exercise)."""
@@ -154,14 +149,29 @@ def _exercise_label(report: NotebookReport) -> str:
     return report.exercise or f"({report.name})"  # a notebook of no exercise: its file's stem, in parentheses
 
 
+def _table_labels(reports: Sequence[NotebookReport], grades: ClassGrades) -> list[str]:
+    """Each report's exercise column: its exercise, and, for one of a student's several notebooks of an exercise,
+    which notebook it is and whether it counts ('02_x (Copy of 02_x.ipynb, not counted)')."""
+    handed_in = [(r.student, r.exercise) for r in reports]
+    labels = []
+    for report, key in zip(reports, handed_in, strict=True):
+        label = _exercise_label(report)
+        if report.exercise is not None and handed_in.count(key) > 1:
+            label += f" ({Path(report.path).name}{', not counted' if grades.outranked(report) else ''})"
+        labels.append(printable(label))
+    return labels
+
+
 def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()) -> str:
     """The score table (student, exercise, check, points, max), the total, what lost points, the notes, the
-    gradebook, and what was not graded. Every line about a notebook names its student.
+    gradebook, and what was not graded. Every line about a notebook names its student; a student's several notebooks
+    of one exercise are told apart by their file names, and the total adds only the one that counts (`table_total`).
 
     Every name and message a learner made is escaped (`limits.printable`): one line of text is one line of the table.
     """
+    grades = class_grades(reports)
     students = [printable(r.student) for r in reports]
-    labels = [printable(_exercise_label(r)) for r in reports]
+    labels = _table_labels(reports, grades)
     width = max([len("student")] + [len(n) for n in students])
     ex_width = max([len("exercise")] + [len(n) for n in labels])
     check_width = max([len("(no checks)")] + [len(c["check"]) for r in reports for c in r.checks])
@@ -174,12 +184,12 @@ def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()
                 f"{format_points(check['points']):>6}  {format_points(check['max_points']):>4}"
             )
     lines.append("-" * len(header))
-    total, most = sum(r.points for r in reports), sum(r.max_points for r in reports)
+    total, most = table_total(reports)
     pad = f"{'':<{ex_width}}  {'':<{check_width}}"
     lines.append(f"{'total':<{width}}  {pad}  {format_points(total):>6}  {format_points(most):>4}")
     details, notes = [], []
-    for student, label, report in zip(students, labels, reports, strict=True):
-        where = f"{student} / {label} ({printable(Path(report.path).name)})"
+    for student, report in zip(students, reports, strict=True):
+        where = f"{student} / {printable(_exercise_label(report))} ({printable(Path(report.path).name)})"
         if report.status != "ok":
             details.append(f"{where}: {report.status}" + (f" ({report.errors[0]})" if report.errors else ""))
         for check in report.checks:
@@ -191,7 +201,6 @@ def format_scores(reports: list[NotebookReport], not_graded: Sequence[Path] = ()
         notes += [f"{where}: {note}" for note in report.notes]
     if details:
         lines += ["", "what lost points:"] + [f"  {printable(d)}" for d in details]
-    grades = class_grades(reports)
     notes += [f"{grade.student}: {note}" for grade in grades.students for note in grade.notes]
     if notes:
         lines += ["", "notes:"] + [f"  {printable(n)}" for n in notes]
@@ -318,6 +327,7 @@ def grade_command(
     csv_path: str | None = None,
     checks_csv_path: str | None = None,
     writers: Sequence[Callable[[list[NotebookReport], float, list[Submission]], None]] = (),
+    student: str | None = None,
 ) -> int:
     """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
     128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). timeout: seconds per notebook (None:
@@ -326,12 +336,15 @@ def grade_command(
     grading took and the submissions an interrupt left ungraded (the CLI's --feedback and --gradescope:
     `feedback.write_feedback`, `gradescope.write_results`), each given absolute paths, since grading leaves the
     working folder. Interrupted, it still writes every output, for the notebooks graded, and each says which were
-    not (NOT_GRADED)."""
+    not (NOT_GRADED). student: every notebook under `path` is theirs (--student; None: read from the folders,
+    `layouts.read_layout`, whose one line on the layout read goes to stderr)."""
     try:
-        submissions = find_submissions(path)
+        layout = read_layout(path, student)
     except FileNotFoundError as error:
         say(f"error: {error}", sys.stderr)
         return 2
+    say(f"layout: {layout.description}", sys.stderr)
+    submissions = layout.submissions
     # grading leaves the working folder
     csv_path, checks_csv_path = (None if p is None else os.path.abspath(p) for p in (csv_path, checks_csv_path))
     started, not_graded, stopped = time.monotonic(), [], None
@@ -367,10 +380,11 @@ def grade_command(
 def json_report(path, reports: list[NotebookReport], seconds: float, stopped: GradingInterrupted | None) -> dict:
     """What --json prints: the totals, the gradebook (students), and every notebook's report."""
     grades = class_grades(reports)
+    points, most = table_total(reports)
     summary = {
         "path": str(path),
-        "points": sum(r.points for r in reports),
-        "max_points": sum(r.max_points for r in reports),
+        "points": points,  # the table's total: a student's second notebook of an exercise adds nothing
+        "max_points": most,
         "seconds": round(seconds, 2),
         "limits": LIMITS,
         "several_notebooks_rule": SEVERAL_RULE,
