@@ -294,10 +294,10 @@ def lr_at(step: int, args: Args) -> float:
     half a cosine wave."""
     if step < args.warmup_steps:
         return args.learning_rate * step / args.warmup_steps
-    progress = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)  # 0 -> 1 through the decay
     if args.lr_scheduler_type == "linear":
         return args.learning_rate * max(0.0, (args.max_steps - step) / max(1, args.max_steps - args.warmup_steps))
     if args.lr_scheduler_type == "cosine":
+        progress = (step - args.warmup_steps) / max(1, args.max_steps - args.warmup_steps)  # 0 -> 1 through the decay
         return args.learning_rate * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
     return args.learning_rate
 
