@@ -231,18 +231,25 @@ def test_a_failure_while_evaluating_saves_the_step_and_resumes_exactly(tiny, tra
     assert_same_weights(model, expected)
 
 
-def test_a_second_trainer_on_the_same_folder_is_refused(tiny, train_dataset, small_config):
-    second = make(tiny, train_dataset, small_config.replace(overwrite_output_dir=True))
-    seen = []
+def starts_a_second_run(second, refused: str, seen: list):
+    """A reward function that, the first time the first run calls it (mid-training), starts `second`, asserts it is
+    refused with a CheckpointError matching `refused` and appends the error to `seen`; then scores as usual."""
 
     def reward_that_starts_a_second_run(prompts, completions, completion_ids, **columns):
         if not seen:
-            with pytest.raises(CheckpointError, match=f"in use by another trainer \\(process {os.getpid()}\\)") as e:
+            with pytest.raises(CheckpointError, match=refused) as e:
                 second.train()
             seen.append(str(e.value))
         return correctness_reward(prompts, completions, completion_ids, **columns)
 
-    make(tiny, train_dataset, small_config.replace(max_steps=2), [reward_that_starts_a_second_run]).train()
+    return reward_that_starts_a_second_run
+
+
+def test_a_second_trainer_on_the_same_folder_is_refused(tiny, train_dataset, small_config):
+    second = make(tiny, train_dataset, small_config.replace(overwrite_output_dir=True))
+    seen = []
+    reward = starts_a_second_run(second, f"in use by another trainer \\(process {os.getpid()}\\)", seen)
+    make(tiny, train_dataset, small_config.replace(max_steps=2), [reward]).train()
     assert seen and [row["step"] for row in metric_rows(small_config.output_dir)] == [1, 2]
 
 
@@ -253,15 +260,8 @@ def test_a_second_trainer_logging_to_the_same_folder_is_refused(tiny, train_data
     first = small_config.replace(output_dir=str(tmp_path / "a"), logging_dir=logs, max_steps=1)
     second = make(tiny, train_dataset, first.replace(output_dir=str(tmp_path / "b")))
     seen = []
-
-    def reward_that_starts_a_second_run(prompts, completions, completion_ids, **columns):
-        if not seen:
-            with pytest.raises(CheckpointError, match=r"logging_dir .*logs is in use by another trainer") as e:
-                second.train()
-            seen.append(str(e.value))
-        return correctness_reward(prompts, completions, completion_ids, **columns)
-
-    make(tiny, train_dataset, first, [reward_that_starts_a_second_run]).train()
+    reward = starts_a_second_run(second, r"logging_dir .*logs is in use by another trainer", seen)
+    make(tiny, train_dataset, first, [reward]).train()
     assert seen and "give this run another logging_dir" in seen[0]
     assert [row["step"] for row in metric_rows(logs)] == [1]  # the first run's row, once
     assert not (tmp_path / "b" / METRICS_FILE).exists()
