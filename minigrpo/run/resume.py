@@ -121,8 +121,9 @@ class CheckpointMixin:
         or deleted (and said so) when `replace` (checkpoints.claim_output_dir, claim_logging_dir)."""
         if distributed.is_main_process():  # a refusal raises on rank 0; the others stop with it (torchrun)
             checkpoints.claim_output_dir(self.output_dir, replace, resuming_from)
-            if self._separate_logging_dir() is not None:
-                checkpoints.claim_logging_dir(self._separate_logging_dir(), replace)
+            logging_dir = self._separate_logging_dir()
+            if logging_dir is not None:
+                checkpoints.claim_logging_dir(logging_dir, replace)
         distributed.barrier()
 
     @contextlib.contextmanager
@@ -133,8 +134,9 @@ class CheckpointMixin:
         with contextlib.ExitStack() as locks:
             if distributed.is_main_process():
                 locks.enter_context(checkpoints.output_dir_lock(self.output_dir))
-                if self._separate_logging_dir() is not None:
-                    locks.enter_context(checkpoints.output_dir_lock(self._separate_logging_dir(), "logging_dir"))
+                logging_dir = self._separate_logging_dir()
+                if logging_dir is not None:
+                    locks.enter_context(checkpoints.output_dir_lock(logging_dir, "logging_dir"))
             yield
 
     def _separate_logging_dir(self) -> Path | None:
