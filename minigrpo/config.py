@@ -32,6 +32,7 @@ import json
 import math
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -43,6 +44,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 BASELINES = ("mean", "rloo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+SAMPLER_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 RESOLVED_FIELDS = (*BATCH_FIELDS, "eval_strategy")
 """Fields whose None a config resolves when it is built: the batch sizes, derived from each other
@@ -265,6 +267,30 @@ class GRPOConfig:
         ),
     ] = False
     """Refused when True: minigrpo generates with `model.generate`; vLLM generation is TRL's (lesson 08)."""
+    # --- a sampler that is not the trainer (TRL's vllm_importance_sampling_*) ----------------------
+    vllm_importance_sampling_correction: Annotated[
+        bool,
+        Option(
+            "training",
+            trains=True,
+            differs="False, not TRL's True: minigrpo samples with the policy it trains, so there is nothing to "
+            "correct unless a rollout carries a different sampler's log-probs (TRL applies it only with use_vllm=True)",
+        ),
+    ] = False
+    """Weight each token's loss by pi_old / pi_sampler, truncated or masked (losses.sampler_importance_weights), for
+    rollouts that carry the sampler's own log-probs (Rollout.sampling_per_token_logps: vLLM, a bf16 copy; lesson 06b).
+    A rollout without them is on-policy and left as it is. TRL's name; TRL's default True applies only with vLLM."""
+    vllm_importance_sampling_mode: Annotated[
+        Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"], Option("training", trains=True)
+    ] = "sequence_mask"
+    """One weight per token or per completion (the product of its tokens'), clipped into [clip_min, clip_max]
+    ('*_truncate') or set to 0 outside it ('*_mask'). TRL's default 'sequence_mask'."""
+    vllm_importance_sampling_clip_max: Annotated[float | None, Option("training", trains=True)] = 3.0
+    """C_max, the upper bound of the weight (TRL's 3.0); None: no upper bound ('*_mask' modes)."""
+    vllm_importance_sampling_clip_min: Annotated[float | None, Option("training", trains=True)] = None
+    """C_min, the lower bound of the weight (None: none, TRL's default); must be below clip_max."""
+    vllm_importance_sampling_cap: Annotated[float | None, Option("training")] = None
+    """Deprecated (TRL 1.6): the old name of vllm_importance_sampling_clip_max. Set, it warns and sets clip_max."""
     remove_unused_columns: Annotated[
         bool,
         Option(
@@ -432,6 +458,14 @@ class GRPOConfig:
         self._given = {name: getattr(self, name) for name in RESOLVED_FIELDS}
         if self.eval_strategy is None:  # minigrpo's default: evaluate every eval_steps, greedily
             self.eval_strategy = "steps"
+        if self.vllm_importance_sampling_cap is not None:  # as TRL: the deprecated name wins, with a warning
+            warnings.warn(
+                "vllm_importance_sampling_cap is deprecated (TRL 1.6, removed in TRL 2.0): use "
+                "vllm_importance_sampling_clip_max instead.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            self.vllm_importance_sampling_clip_max = self.vllm_importance_sampling_cap
         self.validate()
 
     @property
@@ -554,6 +588,7 @@ class GRPOConfig:
             )
         _check_choice("save_strategy", self.save_strategy, ("no", "steps"))
         check_trl_switches(self, REFUSED_SWITCHES)
+        _check_sampler_correction(self)
         if self.top_k < 0 or not 0 <= (self.min_p or 0) <= 1 or not self.repetition_penalty > 0:
             raise ValueError(
                 f"top_k={self.top_k}, min_p={self.min_p}, repetition_penalty={self.repetition_penalty}: use top_k >= 0 "
@@ -692,8 +727,9 @@ stops with an error unless allow_config_change=True (checkpoints.changed_run_fie
 
 DIFFERING_DEFAULTS = {name: option.differs for name, option in OPTIONS.items() if option.differs}
 """Fields whose default is minigrpo's own, not TRL's, with the reason (Option.differs): none changes what a run
-computes except seed (which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32). Lesson 08
-(section 3) prints this table."""
+computes except seed (which sample is drawn) and bf16 (where no GPU has native bf16 both train in fp32);
+vllm_importance_sampling_correction changes it only for rollouts that carry another sampler's log-probs, which
+minigrpo's own sampler never does (TRL applies it only when vLLM samples). Lesson 08 (section 3) prints this table."""
 
 REFUSED_SWITCHES = {name: option.refused for name, option in OPTIONS.items() if option.refused}
 """TRL's switches minigrpo accepts only at False, with the error for True (Option.refused)."""
@@ -724,6 +760,11 @@ DEEPSEEKMATH_ALGORITHM = dict(
     num_iterations=1,  # 4.2: "the policy model only has a single update following each exploration stage"
     dynamic_sampling=False,
     max_num_gen_batches=10,
+    # the sampler is the policy itself (eq. 3's o ~ pi_old): no correction; TRL's mode and bounds if it is turned on
+    vllm_importance_sampling_correction=False,
+    vllm_importance_sampling_mode="sequence_mask",
+    vllm_importance_sampling_clip_max=3.0,
+    vllm_importance_sampling_clip_min=None,
     # the optimizer
     learning_rate=1e-6,  # 4.2: "the learning rate of the policy model is 1e-6"
     lr_scheduler_type="constant",  # 4.2 states one learning rate and no schedule: constant is our reading, not its word
@@ -853,6 +894,22 @@ def _matches(value, hint) -> bool:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint)
+
+
+def _check_sampler_correction(config: GRPOConfig) -> None:
+    """The bounds of TRL's sampler correction: a known mode, clip_min below clip_max, a bound to truncate at."""
+    _check_choice("vllm_importance_sampling_mode", config.vllm_importance_sampling_mode, SAMPLER_IS_MODES)
+    low, high = config.vllm_importance_sampling_clip_min, config.vllm_importance_sampling_clip_max
+    if low is not None and high is not None and low >= high:
+        raise ValueError(
+            f"vllm_importance_sampling_clip_min={low} must be below vllm_importance_sampling_clip_max={high}: "
+            "lower clip_min (or set it to None)."
+        )
+    if low is None and high is None and config.vllm_importance_sampling_mode.endswith("_truncate"):
+        raise ValueError(
+            f"vllm_importance_sampling_mode={config.vllm_importance_sampling_mode!r} truncates the weight at "
+            "vllm_importance_sampling_clip_min / _clip_max, and both are None: set clip_max (TRL's 3.0)."
+        )
 
 
 def _check_types(config: GRPOConfig) -> None:

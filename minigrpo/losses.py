@@ -12,9 +12,15 @@ The loss is -J. Everything here works on (N, T) per-token tensors (N = B * G
 completions, T completion tokens) and the (N,) advantages. At rho = 1 the
 surrogate's gradient is REINFORCE's, whose loss -(r - b) log pi
 (`reinforce_loss`) closes the module.
+
+When the sampler is not the trainer (vLLM, or a lower-precision copy of the policy), the completions come from
+pi_sampler, not pi_old, and each token's loss is weighted by TRL's truncated or masked importance weight
+w = pi_old / pi_sampler (`sampler_importance_weights`; config.vllm_importance_sampling_correction).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -59,6 +65,53 @@ def clipped_surrogate(
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantages
     return torch.min(unclipped, clipped)
+
+
+def sampler_importance_weights(
+    old_per_token_logps: torch.Tensor,
+    sampling_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    mode: str = "sequence_mask",
+    clip_min: float | None = None,
+    clip_max: float | None = 3.0,
+) -> torch.Tensor:
+    """TRL's correction for a sampler that is not the trainer: w = pi_old / pi_sampler, truncated or masked.
+
+    Symbol                    | Shape  | Description
+    --------------------------|--------|----------------------------------------------------------------
+    old_per_token_logps       | (N, T) | log pi_old, the trainer's log-probs of the sampled tokens (no gradient)
+    sampling_per_token_logps  | (N, T) | log pi_sampler, what the sampler (vLLM, a bf16 copy) gave them
+    completion_mask           | (N, T) | 1 on tokens that count (with tools: times the tool mask)
+    returns                   | (N, T) | token_* modes: one weight per token
+                              | (N, 1) | sequence_* modes: one weight per completion
+
+    The completions were drawn from pi_sampler, but the surrogate assumes they came from pi_old; the weight
+    w = pi_old / pi_sampler makes the expectation right again (importance sampling), and bounding it keeps one
+    rare token from dominating the step (Yao et al., "Your efficient RL framework secretly brings you off-policy
+    RL training", 2025; TRL 1.16's vllm_importance_sampling_*):
+
+        log w_t = (log pi_old - log pi_sampler) * m_t          token_*:    w_t = exp(log w_t)
+        log w   = sum_t log w_t (a product of token weights)    sequence_*: w = exp(log w), one per completion
+        *_truncate: w <- clamp(w, clip_min, clip_max)          *_mask: w <- 0 where w < clip_min or w > clip_max
+
+    A token whose sampler log-prob is NaN (unknown) gets log w_t = 0, as in TRL. Pitfall: the sequence weight is
+    the *product* of the token weights (a sum of logs), not GSPO's geometric mean: a long completion drifts further.
+    """
+    assert old_per_token_logps.shape == sampling_per_token_logps.shape == completion_mask.shape, "all (N, T)"
+    log_weights = torch.nan_to_num((old_per_token_logps - sampling_per_token_logps) * completion_mask, nan=0.0)
+    if mode in ("sequence_truncate", "sequence_mask"):
+        log_weights = log_weights.sum(dim=-1, keepdim=True)  # (N, 1)
+    elif mode not in ("token_truncate", "token_mask"):
+        raise ValueError(
+            f"vllm_importance_sampling_mode={mode!r}: use 'token_truncate', 'token_mask', 'sequence_truncate' or "
+            "'sequence_mask'."
+        )
+    weights = torch.exp(log_weights)  # (N, T) or (N, 1)
+    if mode.endswith("_truncate"):
+        return torch.clamp(weights, min=clip_min, max=clip_max)
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return weights.masked_fill((weights < low) | (weights > high), 0.0)
 
 
 def kl_penalty(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
@@ -142,8 +195,9 @@ def grpo_loss(
     completion_mask: torch.Tensor,
     config,
     num_items_in_batch: int | None = None,
+    sampling_per_token_logps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The full GRPO loss of one micro-batch: -(surrogate - beta * KL), aggregated.
+    """The full GRPO loss of one micro-batch: -(w * surrogate - beta * KL), aggregated (w = 1 unless corrected).
 
     Symbol               | Shape  | Description
     ---------------------|--------|-------------------------------------------------
@@ -152,7 +206,11 @@ def grpo_loss(
     ref_per_token_logps  | (n, T) | log pi_ref; None when beta == 0
     advantages           | (n,)   | one advantage per completion
     completion_mask      | (n, T) | 1 on tokens that count
+    sampling_per_token_logps | (n, T) | log pi_sampler when the sampler is not the trainer, else None
     returns              | ()     | the loss, and a dict of metrics (floats)
+
+    With config.vllm_importance_sampling_correction and sampler log-probs, each token's surrogate loss (not the KL,
+    as in TRL) is multiplied by sampler_importance_weights(pi_old, pi_sampler), which carries no gradient.
     """
     assert per_token_logps.shape == completion_mask.shape, "per_token_logps and completion_mask must both be (n, T)"
     assert advantages.shape == per_token_logps.shape[:1], "advantages must be (n,)"
@@ -162,6 +220,19 @@ def grpo_loss(
     surrogate = clipped_surrogate(ratio, advantages, config.epsilon_low, config.clip_epsilon_high)  # (n, T)
     per_token_loss = -surrogate.expand_as(per_token_logps)  # (n, T)
     metrics = clip_fractions(ratio, advantages, completion_mask, config.epsilon_low, config.clip_epsilon_high)
+    if config.vllm_importance_sampling_correction and sampling_per_token_logps is not None:
+        weights = sampler_importance_weights(
+            old_per_token_logps.detach(),
+            sampling_per_token_logps,
+            completion_mask,
+            config.vllm_importance_sampling_mode,
+            config.vllm_importance_sampling_clip_min,
+            config.vllm_importance_sampling_clip_max,
+        )  # (n, T) or (n, 1)
+        per_token_loss = per_token_loss * weights  # (n, T)
+        # TRL's metric: the mean weight over completions (sequence_*) or over the tokens that count (token_*)
+        counted = weights.flatten() if weights.shape[1] == 1 else weights[completion_mask.bool()]
+        metrics["sampling/importance_sampling_ratio/mean"] = counted.mean().item() if counted.numel() else 0.0
     if config.beta != 0.0:
         kl = kl_penalty(per_token_logps, ref_per_token_logps, config.kl_estimator)  # (n, T)
         metrics["kl"] = masked_mean(kl.detach(), completion_mask).item()

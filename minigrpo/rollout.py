@@ -65,6 +65,8 @@ class Rollout:
     is_truncated         | (N,)   | True when no EOS within max_completion_length
     old_per_token_logps  | (N, T) | log pi_old, or None with one optimizer step per generation
     ref_per_token_logps  | (N, T) | log pi_ref, or None when beta == 0
+    sampling_per_token_logps | (N, T) | log pi_sampler when a sampler other than the policy drew the completions
+                         |        | (vLLM, a bf16 copy: with_sampler_logps), else None (the sampler is the policy)
     completions          | N str  | decoded completions (special tokens removed)
     """
 
@@ -76,6 +78,7 @@ class Rollout:
     completions: list[str] = field()
     old_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
     ref_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
+    sampling_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -488,4 +491,24 @@ def sample_group_rollout(
             rollout.old_per_token_logps = batched_per_token_logps(model, input_ids, attention_mask, T, **options)
         if config.beta != 0.0:
             rollout.ref_per_token_logps = batched_per_token_logps(ref_model, input_ids, attention_mask, T, **options)
+    return rollout
+
+
+@torch.no_grad()
+def with_sampler_logps(rollout: Rollout, sampler_model, config) -> Rollout:
+    """The rollout with `sampling_per_token_logps` (N, T): log pi_sampler of each completion token under
+    `sampler_model`, the model that drew them when it is not the policy (say a bf16 copy, as a vLLM engine is a
+    copy in its own kernels and precision). The loss then corrects for the difference when
+    config.vllm_importance_sampling_correction is on (losses.sampler_importance_weights). Padding gets 0."""
+    device = next(sampler_model.parameters()).device
+    logps = batched_per_token_logps(
+        sampler_model,
+        rollout.input_ids.to(device),
+        rollout.attention_mask.to(device),
+        rollout.completion_ids.shape[1],
+        batch_size=config.per_device_train_batch_size,
+        temperature=config.temperature,
+        chunk_size=config.logprob_chunk_size,
+    )  # (N, T)
+    rollout.sampling_per_token_logps = (logps.float() * rollout.completion_mask).to(rollout.completion_ids.device)
     return rollout
