@@ -49,6 +49,7 @@ _PUBLIC_NAMES = {
         "importance_ratio",
         "kl_penalty",
         "reinforce_loss",
+        "sampler_importance_weights",
     ),
     "minigrpo.models": (
         "QWEN_MODEL_ID",
@@ -58,6 +59,7 @@ _PUBLIC_NAMES = {
         "make_reference_model",
         "pick_device",
     ),
+    "minigrpo.rejection_sampling": ("RejectionSamplingTrainer", "best_in_group_mask", "rejection_sampling_loss"),
     "minigrpo.rewards": ("RewardFunctionError", "compute_rewards"),
     "minigrpo.rollout": ("Rollout", "completion_mask_from_eos", "repeat_for_group", "sample_group_rollout"),
     "minigrpo.run.evaluation": (
