@@ -8,11 +8,16 @@ Student's t over seeds,
 
 (with n = 5, t = 2.776: wider than the normal 1.96, as it must be with so few draws). Used by
 ``minigrpo.measuring.measure`` (bench/ppo_vs_grpo.py, lesson 05). Plain Python: no tensors, no scipy.
+
+Where each run is scored problem by problem (bench/rft_vs_grpo.py, lesson 06b), ``bootstrap_interval`` resamples
+both the seeds and the held-out problems.
 """
 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 
 
 def t_critical_value(confidence: float, df: int) -> float:
@@ -95,3 +100,27 @@ def band(runs: list[dict], x_key: str, y_key: str, grid: list[float], start_key:
     ]
     intervals = [mean_interval(row) for row in rows]
     return {"x": list(grid), **{k: [i[k] for i in intervals] for k in ("mean", "low", "high")}}
+
+
+def bootstrap_interval(
+    values: list[list[float]], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> dict:
+    """Mean of a seeds x problems table and its bootstrap interval over both: {"mean", "low", "high", "n_seeds",
+    "n_problems"}.
+
+    values[s][p]: one run's (seed s) figure on held-out problem p (say, 1.0 if its greedy answer is right, or its
+    pass@k). Each resample draws the seeds with replacement and, independently, the problems with replacement (the
+    same problems for every seed drawn: the design is crossed), and takes the mean of the chosen cells; the interval
+    is the (1 - confidence) / 2 and (1 + confidence) / 2 quantiles of the resampled means (percentile bootstrap).
+    Both sources of spread count: which seed trained the model, and which problems the test happened to hold.
+    Pass a table of differences (run A minus run B, seed by seed) for the interval of a difference."""
+    table = np.asarray(values, dtype=float)  # (S, P)
+    if table.ndim != 2 or table.size == 0:
+        raise ValueError(f"values has shape {table.shape}: give one list per seed, one value per problem.")
+    S, P = table.shape
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(0, S, size=(resamples, S))  # (R, S)
+    problems = rng.integers(0, P, size=(resamples, P))  # (R, P)
+    means = np.array([table[np.ix_(s, p)].mean() for s, p in zip(seeds, problems, strict=True)])  # (R,)
+    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return {"mean": float(table.mean()), "low": float(low), "high": float(high), "n_seeds": S, "n_problems": P}
