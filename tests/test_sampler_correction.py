@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from minigrpo.config import GRPOConfig
+from minigrpo.logprobs import completion_logps
 from minigrpo.losses import grpo_loss, sampler_importance_weights
-from minigrpo.rollout import Rollout
+from minigrpo.rollout import Rollout, with_sampler_logps
+from minigrpo.tasks.arithmetic import correctness_reward
+from minigrpo.trainer import GRPOTrainer
 
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 HAS_TRL = importlib.util.find_spec("trl") is not None
@@ -264,3 +267,27 @@ def test_loss_and_gradient_equal_trls_compute_loss(mode, loss_type):
     plain = config.replace(vllm_importance_sampling_correction=False)
     uncorrected, _ = grpo_loss(current, old, ref, advantages, mask, plain, mask.sum())
     assert not torch.isclose(uncorrected, ours)  # the correction changes the loss here
+
+
+def test_grpo_step_applies_the_correction_to_a_rollout_that_carries_sampler_logps(tiny, train_dataset, small_config):
+    """The trainer's update passes the rollout's sampler log-probs to the loss: a sampler equal to the policy
+    (with_sampler_logps of the policy itself) changes nothing; one whose every completion is e^5 times less likely
+    than the policy's is masked out whole (sequence_mask, C_max = 3), so the step leaves the weights as they were."""
+    model, tokenizer = tiny
+    config = small_config.replace(beta=0.0, max_steps=1, vllm_importance_sampling_correction=True)
+    trainer = GRPOTrainer(model, [correctness_reward], config, train_dataset, processing_class=tokenizer)
+    rollout, rewards, _ = trainer.collect_rollout()
+    rollout = with_sampler_logps(rollout, model, config)
+    with torch.no_grad():
+        logps, _ = completion_logps(model, rollout, config)
+    torch.testing.assert_close(rollout.sampling_per_token_logps, logps * rollout.completion_mask)
+    equal_sampler = rollout.sampling_per_token_logps
+    before = [p.detach().clone() for p in model.parameters()]
+    rollout.sampling_per_token_logps = (logps - 5.0) * rollout.completion_mask
+    metrics = trainer.update(rollout, rewards)  # the first step: AdamW has no momentum yet
+    assert metrics["sampling/importance_sampling_ratio/mean"] == 0.0 and metrics["grad_norm"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    rollout.sampling_per_token_logps = equal_sampler
+    metrics = trainer.update(rollout, rewards)
+    assert metrics["sampling/importance_sampling_ratio/mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["grad_norm"] > 0
