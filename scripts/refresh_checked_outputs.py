@@ -33,7 +33,7 @@ QUICK_ENV = {"MINIGRPO_QUICK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSI
 def refresh(path: Path, timeout: int) -> None:
     nb = nbformat.read(path, as_version=4)
     # the saved figures stay as scripts/refresh_figures.py drew them (this run is in quick mode)
-    figures = {cell.id: [o for o in cell.outputs if stamp_colab.is_saved_figure(o)] for cell in nb.cells}
+    figures = {cell.id: [o for o in cell.get("outputs", []) if stamp_colab.is_saved_figure(o)] for cell in nb.cells}
     os.environ.update(QUICK_ENV)  # the kernel inherits this process's environment, as under nbval
     NotebookClient(
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
