@@ -137,10 +137,21 @@ def check_scaling(summary: dict, stdout: str) -> None:
     assert "minigrpo / TRL step time, wall (CPU)" in stdout and "growth exponents" in stdout
 
 
+def check_rft_vs_grpo(summary: dict, stdout: str) -> None:
+    assert summary["seeds"] == [0, 1] and summary["ks"] == [1, 2, 4]
+    for algorithm in ("before", "rft", "grpo"):
+        entry = summary["algorithms"][algorithm]
+        for interval in [entry["greedy"], *entry["pass@k"], *entry["maj@k"]]:
+            assert 0 <= interval["low"] <= interval["mean"] <= interval["high"] <= 1, (algorithm, interval)
+        assert entry["pass@k"][0]["mean"] <= entry["pass@k"][-1]["mean"]  # pass@k grows with k
+    assert 0 <= summary["algorithms"]["rft"]["kept_fraction"] <= 1 and summary["algorithms"]["grpo"]["step_seconds"] > 0
+    assert "RFT - GRPO" in stdout
+
+
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
           "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k,
           "profile_step.py": check_profile_step, "time_to_accuracy.py": check_time_to_accuracy,
-          "scaling.py": check_scaling}  # fmt: skip
+          "scaling.py": check_scaling, "rft_vs_grpo.py": check_rft_vs_grpo}  # fmt: skip
 
 
 @pytest.mark.parametrize("script", sorted(CHECKS))

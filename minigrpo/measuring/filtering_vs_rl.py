@@ -121,7 +121,7 @@ def format_table(summary: dict) -> str:
     ks, lines = summary["ks"], []
     n = len(ks) - 1  # the largest k, n
     names = {"before": "before (no training)", "rft": "RFT (filtering)", "grpo": "GRPO"}
-    header = f"{'':<21}{'greedy accuracy':>22}{'pass@1':>22}{f'pass@{ks[n]}':>22}{f'maj@{ks[n]}':>22}"
+    header = f"{'':<21}{'greedy accuracy':>24}{'pass@1':>24}{f'pass@{ks[n]}':>24}{f'maj@{ks[n]}':>24}"
     lines.append(header)
     rows = dict(summary["algorithms"])
     if "rft_minus_grpo" in summary:
@@ -129,7 +129,7 @@ def format_table(summary: dict) -> str:
         names["rft_minus_grpo"] = "RFT - GRPO"
     for algorithm, entry in rows.items():
         cells = (entry["greedy"], entry["pass@k"][0], entry["pass@k"][n], entry["maj@k"][n])
-        lines.append(f"{names[algorithm]:<21}" + "".join(f"{cell(c):>22}" for c in cells))
+        lines.append(f"{names[algorithm]:<21}" + "".join(f"{cell(c):>24}" for c in cells))
     lines.append("")
     lines.append(f"{'':<21}{'step (s, median)':>18}{'peak RSS (MiB)':>16}{'kept':>8}")
     for algorithm, entry in summary["algorithms"].items():
