@@ -28,6 +28,7 @@ LESSONS = [
     "04_grpo_objective",
     "04_grpo_objective_appendix_kl_gradient",
     "04b_the_update_loop",
+    "06b_what_rl_changes",
     "08_from_minigrpo_to_trl",
 ]
 
@@ -90,7 +91,7 @@ REAL_MODEL_LESSONS = ("06",)
 @pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=relative)
 def test_lesson_asks_for_its_model(path):
     code = "\n".join(cell.source for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code")
-    if path.name[:2] in REAL_MODEL_LESSONS:
+    if path.name.split("_")[0] in REAL_MODEL_LESSONS:  # "06", not "06b"
         assert "course.model_name(real_on_gpu=True)" in code, f"{relative(path)}: train the real Qwen on a GPU"
         assert "course.model_name()" not in code, f"{relative(path)}: every model_name() call needs real_on_gpu=True"
         assert "course.course_config()" not in code, f"{relative(path)}: pass the model: course.course_config(MODEL)"
