@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from minigrpo.measuring.intervals import band, mean_interval, t_critical_value, value_at
+from minigrpo.measuring.intervals import band, bootstrap_interval, mean_interval, t_critical_value, value_at
 from minigrpo.measuring.measure import (
     QWEN_SHAPE,
     make_stop_tokens_unreachable,
@@ -265,3 +265,16 @@ def test_the_paired_difference_cancels_what_the_seed_does_to_both():
     assert difference["equal_time"]["half_width"] == pytest.approx(0.0, abs=1e-12)  # the same gap for both seeds
     assert "PPO - GRPO, paired, equal time" in format_study_table({"device": "cpu", "model": "tiny", "seeds": [0, 1],
                                                                    "summary": summary})  # fmt: skip
+
+
+def test_bootstrap_interval_over_seeds_and_problems():
+    """A constant table has a zero-width interval; a table that varies only across seeds has its interval within the
+    range of the seed means; a difference table of zeros is exactly 0; the resampling is seeded."""
+    flat = bootstrap_interval([[0.5] * 4] * 3)
+    assert (flat["mean"], flat["low"], flat["high"], flat["n_seeds"], flat["n_problems"]) == (0.5, 0.5, 0.5, 3, 4)
+    by_seed = bootstrap_interval([[0.2] * 10, [0.4] * 10, [0.9] * 10])
+    assert by_seed["mean"] == pytest.approx(0.5) and 0.2 <= by_seed["low"] < 0.5 < by_seed["high"] <= 0.9
+    table = [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]
+    assert bootstrap_interval(table) == bootstrap_interval(table)
+    with pytest.raises(ValueError, match="one list per seed"):
+        bootstrap_interval([1.0, 2.0])
