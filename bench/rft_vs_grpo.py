@@ -2,7 +2,8 @@
 
     python bench/rft_vs_grpo.py            # 5 seeds x {before, RFT, GRPO}: 30 steps of 8 prompts x G=8 each,
                                            # 100 held-out problems, 16 samples each (about 12 min on 2 CPU cores)
-    python bench/rft_vs_grpo.py --quick    # seconds: 2 seeds, 2 steps of 2 prompts x G=4, 4 problems x 4 samples
+    python bench/rft_vs_grpo.py --quick    # seconds: 2 seeds, 2 steps of 2 prompts x G=4 (of 64 training
+                                           # problems), 4 problems x 4 samples
 
 Both start from the bundled tiny Qwen with the same prompts, order, number of sampled completions per step,
 learning rate and schedule (GRPOConfig.tiny_cpu at the sizes above; RFT with beta 0, it has no KL term). Each run
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give at least 2 --seeds and 1 <= --problems <= 200")
     started = time.perf_counter()
     result = compare(args.seeds, args.steps, args.prompts, args.generations, args.problems, args.samples,
-                     fresh_processes=not args.quick)  # fmt: skip
+                     train_size=64 if args.quick else 2000, fresh_processes=not args.quick)  # fmt: skip
     summary = result["summary"]
     print(format_table(summary))
     print(f"({time.perf_counter() - started:.0f} s; seeds {args.seeds}, {args.steps} steps of {args.prompts} x "

@@ -53,7 +53,7 @@ def per_problem_scores(model, tokenizer, problems, samples: int, ks: list[int], 
 
 
 def run_one(algorithm: str, seed: int, steps: int, prompts: int, generations: int, problems: int, samples: int,
-            output_dir: str = "runs/rft_vs_grpo") -> dict:  # fmt: skip
+            train_size: int = 2000, output_dir: str = "runs/rft_vs_grpo") -> dict:  # fmt: skip
     """Train one algorithm with one seed ("before": no training) and score it; meant for a fresh process, so that
     its peak memory (VmHWM minus the RSS before the model loaded, on a CPU) is its own."""
     torch.manual_seed(seed)
@@ -64,7 +64,7 @@ def run_one(algorithm: str, seed: int, steps: int, prompts: int, generations: in
     config = run_config(algorithm, seed, steps, prompts, generations, output_dir)
     result = {"algorithm": algorithm, "seed": seed, "step_seconds": None, "kept_fraction": None}
     if algorithm != "before":
-        train_data, _ = training_problems(2000)
+        train_data, _ = training_problems(train_size)
         trainer_class = RejectionSamplingTrainer if algorithm == "rft" else GRPOTrainer
         trainer = trainer_class(model, [correctness_reward], config, train_data, processing_class=tokenizer)
         trainer.train()
@@ -140,14 +140,14 @@ def format_table(summary: dict) -> str:
 
 
 def compare(seeds: list[int], steps: int, prompts: int, generations: int, problems: int, samples: int,
-            fresh_processes: bool = True, verbose: bool = True) -> dict:  # fmt: skip
+            train_size: int = 2000, fresh_processes: bool = True, verbose: bool = True) -> dict:  # fmt: skip
     """Every algorithm with every seed (each in a fresh process unless fresh_processes=False), then summarize."""
     runs = []
     for algorithm in ALGORITHMS:
         for seed in seeds:
             started = time.perf_counter()
             arguments = dict(algorithm=algorithm, seed=seed, steps=steps, prompts=prompts, generations=generations,
-                             problems=problems, samples=samples)  # fmt: skip
+                             problems=problems, samples=samples, train_size=train_size)  # fmt: skip
             if fresh_processes:
                 runs.append(run_in_fresh_process("minigrpo.measuring.filtering_vs_rl", "run_one", arguments))
             else:
