@@ -212,6 +212,12 @@ FIELDS_ADDED = {
     "trust_remote_code": ("0.3.0", False),  # 0.1 / 0.2 never ran a model folder's own code
     "push_to_hub": ("0.3.0", False),  # 0.1 / 0.2 never uploaded
     "resume_from_checkpoint": ("0.3.0", None),  # TRL's field; 0.1 / 0.2 resumed only through train()
+    # a sampler that is not the trainer: 0.1 / 0.2 had none, and the correction's off value changes nothing
+    "vllm_importance_sampling_correction": ("0.3.0", False),
+    "vllm_importance_sampling_mode": ("0.3.0", "sequence_mask"),
+    "vllm_importance_sampling_clip_max": ("0.3.0", 3.0),
+    "vllm_importance_sampling_clip_min": ("0.3.0", None),
+    "vllm_importance_sampling_cap": ("0.3.0", None),
 }
 """Config fields added since checkpoints became readable (format 2, minigrpo 0.1.0): name -> (the release that added
 it, the value every run before it behaved as). A checkpoint that lacks one is compared as if it held that value;
