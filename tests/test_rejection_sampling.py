@@ -51,14 +51,18 @@ def test_nothing_kept_gives_zero_not_nan():
     assert (grad == 0).all()
 
 
-def test_loss_equals_pretrain_tinys_sft_loss_on_the_same_tokens(tiny, train_dataset):
+@pytest.mark.parametrize("max_completion_length, truncated", [(12, True), (24, False)])
+def test_loss_equals_pretrain_tinys_sft_loss_on_the_same_tokens(tiny, train_dataset, max_completion_length, truncated):
     """The kept completions' NLL through the rollout's log-prob kernel equals course.pretrain.sft_loss (the mean
-    cross-entropy pretrain-tiny minimises) on the same prompt and completion texts, including a truncated one."""
+    cross-entropy pretrain-tiny minimises) on the same prompt and completion texts: completions cut off at
+    max_completion_length (no EOS to learn), and completions that end with their EOS (which counts)."""
     model, tokenizer = tiny
-    config = GRPOConfig.tiny_cpu(num_generations=2, prompts_per_step=2, max_completion_length=12, beta=0.0)
+    config = GRPOConfig.tiny_cpu(num_generations=2, prompts_per_step=2, max_completion_length=max_completion_length,
+                                 beta=0.0)  # fmt: skip
     torch.manual_seed(0)
     prompts = train_dataset["prompt"][:2]
     rollout = sample_group_rollout(model, tokenizer, prompts, config)
+    assert rollout.is_truncated.tolist() == [truncated] * 4
     texts = [tokenizer.decode(ids) for ids in rollout.completion_id_lists()]  # with their EOS, as the loss counts it
     assert [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts] == rollout.completion_id_lists()
     keep = torch.tensor([True, False, True, True])
