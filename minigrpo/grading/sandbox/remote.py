@@ -84,7 +84,7 @@ def _call(learner, request: dict) -> dict:
         raise
     except BaseException as error:  # SystemExit too: a learner's exit() is a failed case
         response = {"raised": last_traceback_line(error), "not_implemented": isinstance(error, NotImplementedError)}
-        return {**response, "reference_ran": watch.ran, "watch_intact": watch.intact}
+        return {**response, "reference_ran": watch.ran, "watch_intact": watch.intact, "process": watch.process}
     finally:
         torch.set_num_threads(threads)
     return {
@@ -94,6 +94,7 @@ def _call(learner, request: dict) -> dict:
         "rng": torch.get_rng_state(),
         "reference_ran": watch.ran,
         "watch_intact": watch.intact,
+        "process": watch.process,
     }
 
 
@@ -321,7 +322,7 @@ class KernelFunction(RemoteCallable):
         return self._call(args, {}, wrt)
 
     def _call(self, args: tuple, kwargs: dict, gradient_wrt: int | None):
-        from minigrpo.grading.references import WATCH_OFF_MESSAGE, runtime_message
+        from minigrpo.grading.references import WATCH_OFF_MESSAGE, process_message, runtime_message
 
         if self.refusal:
             raise NoAnswer(self.refusal)
@@ -340,6 +341,8 @@ class KernelFunction(RemoteCallable):
             raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.sandbox.remote changed?)")
         if response.get("reference_ran"):
             self.refusal = runtime_message(str(response["reference_ran"]))
+        elif self.watch and response.get("process"):
+            self.refusal = process_message(str(response["process"]))
         elif self.watch and response.get("watch_intact") is not True:
             self.refusal = WATCH_OFF_MESSAGE
         if self.refusal:
