@@ -80,10 +80,12 @@ up as above, none of them gets a score, the report lists the notebooks that were
 not graded, and the command exits with 128 + the signal's number (130, 143).
 Names and messages a learner made are printed escaped (`limits.printable`).
 
-The learner's code still runs with the grader's user account: it cannot change
-a score through Python, files or the kernel's output, but it can read files,
-write to the grader's open files through /proc, or disturb other processes of
-that user. Grade untrusted notebooks in a container.
+On Linux each kernel runs in an operating-system sandbox (`sandbox.bubblewrap`):
+its scratch folder, read-only Python and package, no other process, no network.
+Where none can run, the learner's code runs with the grader's user account: it
+cannot change a score through Python, files or the kernel's output, but it can
+read files, write to the grader's open files through /proc, or disturb other
+processes of that user (`grade` says so, and `--require-sandbox` refuses).
 """
 
 from __future__ import annotations
@@ -118,7 +120,14 @@ from minigrpo.grading.framework import (
 )
 from minigrpo.grading.sandbox import bubblewrap
 from minigrpo.grading.sandbox.limits import NotebookRefused, printable, read_notebook
-from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
+from minigrpo.grading.sandbox.processes import (
+    Interrupts,
+    alive,
+    judge_command,
+    kill_leftovers,
+    kill_strays,
+    without_working_folder,
+)
 from minigrpo.grading.sandbox.remote import INTERRUPT_WAIT_S
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -728,6 +737,7 @@ async def _run_and_judge(
             report.errors.append(f"the kernel died: {last_traceback_line(error)}")
         interrupts.check()  # a signal, which nbclient may have reported as a dead kernel
         client.kc.stop_channels()  # what the kernel prints while the judge calls it is read by no one
+        kill_strays(kernel_pid, GRADING_RUN_ENV, token)  # no process of the cells' may run a reference for a function
         records = await _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report)
     finally:  # on every way out, an interrupt (cancellation) included: the kills first, they cannot be cut short
         kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
