@@ -47,6 +47,7 @@ message that names the reference.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import functools
 import hashlib
@@ -410,12 +411,22 @@ def _install_audit_hook() -> None:
     sys.addaudithook(_audit)
 
 
-def _set_profile(hook) -> None:
+@contextlib.contextmanager
+def _ours():
+    """Within the block, the profile hooks this thread sets are a watch's own (the audit hook lets them be)."""
     _OURS.setting = True
     try:
-        sys.setprofile(hook)
+        yield
     finally:
         _OURS.setting = False
+
+
+def _set_profile(hook, every_thread: bool = False) -> None:
+    """`hook` as this thread's profile hook, and with `every_thread` (Python 3.12 and later) every other thread's."""
+    with _ours():
+        if every_thread and hasattr(threading, "setprofile_all_threads"):
+            threading.setprofile_all_threads(hook)
+        sys.setprofile(hook)
 
 
 _THREAD_STARTERS = (
@@ -481,26 +492,15 @@ class ReferenceWatch:
             setattr(sys.modules[module], name, self._watched_start(start))
         _WATCHES.append(self)
         threading.setprofile(self._hook_fn)
-        if hasattr(threading, "setprofile_all_threads"):  # Python 3.12: the threads already running too
-            _OURS.setting = True
-            try:
-                threading.setprofile_all_threads(self._hook_fn)
-            finally:
-                _OURS.setting = False
-        _set_profile(self._hook_fn)
+        _set_profile(self._hook_fn, every_thread=True)  # Python 3.12: the threads already running too
         return self
 
     def __exit__(self, *exc) -> None:
         self.intact = self.intact and sys.getprofile() is self._hook_fn
         _WATCHES.remove(self)
+        _set_profile(None, every_thread=True)  # no thread keeps the hook past the call
         _set_profile(self._previous)
         threading.setprofile(self._previous_threads)
-        if hasattr(threading, "setprofile_all_threads"):
-            _OURS.setting = True
-            try:
-                threading.setprofile_all_threads(self._previous_threads)
-            finally:
-                _OURS.setting = False
         for (module, name), start in self._starters.items():
             setattr(sys.modules[module], name, start)
 
