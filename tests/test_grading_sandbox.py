@@ -6,12 +6,13 @@ fails when the same class is graded without the sandbox (MINIGRPO_TEST_SANDBOX=0
 - a wrong function that reads the HMAC key out of the grader's memory (/proc/PID/mem) and writes signed full-mark
   records into the judge's stdout (/proc/PID/fd/1);
 - a notebook that writes a `.pth` file into the grader's site-packages (run by every Python started afterwards);
-- a notebook that overwrites a classmate's notebook with the unsolved handout before it is graded, in a class
-  graded from the command line by an unprivileged user (when the tests run as root).
+- a notebook that overwrites a classmate's notebook with the unsolved handout before it is graded; again from the
+  command line by an unprivileged user (when the tests run as root and that user can run this Python).
 
-Beside them: a function that zeroes its inputs in place to set the expected answer of the next comparison (no
-sandbox needed: every case gets copies), and `grade` where no sandbox can run (one line; `--require-sandbox`: an
-error).
+One class is graded once for all of them (module fixture). Beside them: a function that zeroes its inputs in place to
+set the expected answer of the next comparison (every case gets copies), `grade` where no sandbox can run (one line;
+`--require-sandbox`: an error), the routes to the reference the watch sees, and the processes the cells leave, killed
+before judging.
 """
 
 import _thread
