@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from subprocess import PIPE
 
 import nbformat
 import pytest
@@ -152,25 +151,25 @@ def probe_files() -> list[Path]:
     return [Path(folder) / "zz_minigrpo_probe.pth" for folder in folders]
 
 
-def classmates(folder: Path) -> tuple[Path, bytes]:
-    """A classmate's right answer and, graded before it, a notebook that overwrites it with the unsolved handout:
-    the classmate's path, and what it holds."""
+def classmates(folder: Path, *attacks: str, function: str = WRONG_KL) -> tuple[Path, bytes]:
+    """A classmate's right answer and, graded before it, a_vandal: a notebook that overwrites it with the unsolved
+    handout, then runs `attacks` and hands in a wrong `function`. The classmate's path, and what it holds."""
     classmate = folder / "z_classmate.ipynb"
     write_notebook(classmate, RIGHT_KL, CHECK_KL)
     handout = (ROOT / "exercises" / "05_kl_k3_estimator.ipynb").read_text()
-    write_notebook(folder / "a_vandal.ipynb", f"open({str(classmate)!r}, 'w').write({handout!r})", WRONG_KL, CHECK_KL)
+    overwrite = f"open({str(classmate)!r}, 'w').write({handout!r})"
+    write_notebook(folder / "a_vandal.ipynb", overwrite, *attacks, function, CHECK_KL)
     return classmate, classmate.read_bytes()
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    """Grade the forger, the .pth writer, the in-place mutator, the vandal and its classmate once: {name: report},
-    the marker file, the .pth files left, whether the classmate's notebook is unchanged."""
+    """Grade once a class of three: the vandal (it overwrites its classmate's notebook, writes a .pth file and hands in
+    the forger), the in-place mutator, and the classmate. {name: report}, the marker file, the .pth files left,
+    whether the classmate's notebook is unchanged."""
     folder = tmp_path_factory.mktemp("sandbox")
-    classmate, submitted = classmates(folder)
     marker = folder.parent / "pth_ran"
-    write_notebook(folder / "forger.ipynb", FORGER, CHECK_KL)
-    write_notebook(folder / "pth_writer.ipynb", pth_writer(marker), RIGHT_KL, CHECK_KL)
+    classmate, submitted = classmates(folder, pth_writer(marker), function=FORGER)
     write_notebook(
         folder / "mutator.ipynb", MUTATOR, "from minigrpo.grading import check_compute_gae as c\nc(compute_gae)"
     )
@@ -187,7 +186,7 @@ def graded(tmp_path_factory):
 @needs_sandbox
 def test_records_forged_with_the_key_read_from_the_graders_memory_score_zero(graded):
     reports, *_ = graded
-    assert reports["forger"].points == 0, reports["forger"].checks
+    assert reports["a_vandal"].points == 0, reports["a_vandal"].checks
 
 
 @needs_sandbox
@@ -195,7 +194,6 @@ def test_no_pth_file_reaches_the_graders_site_packages(graded):
     reports, marker, left, _ = graded
     assert left == [], f"the notebook wrote {left}"
     assert not marker.exists(), "a .pth file of the notebook ran in the grader's Pythons"
-    assert reports["pth_writer"].points == 3  # the notebook is graded as any other
 
 
 def test_a_function_that_zeroes_its_inputs_in_place_earns_nothing_for_it(graded):
@@ -290,22 +288,24 @@ def test_graded_from_the_command_line_by_an_unprivileged_user_a_notebook_cannot_
 
 
 # --- no sandbox ----------------------------------------------------------------------------------------------------
-def test_without_a_sandbox_grade_says_so_in_one_line_and_require_sandbox_refuses(tmp_path):
+def test_without_a_sandbox_grade_says_so_in_one_line_and_require_sandbox_refuses(tmp_path, monkeypatch, capsys):
     """A bwrap that the kernel refuses (as an AppArmor that restricts unprivileged namespaces does)."""
+    from minigrpo.grading.reports.gradebook import grade_command
+
+    monkeypatch.setattr(bubblewrap, "bwrap_binary", lambda: str(Path(refusing_bwrap(tmp_path)) / "bwrap"))
+    monkeypatch.setattr(bubblewrap, "unavailable_reason", functools.cache(bubblewrap.unavailable_reason.__wrapped__))
     empty = tmp_path / "class" / "empty.ipynb"  # nothing to run: no kernel starts
     empty.parent.mkdir()
     write_notebook(empty)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([refusing_bwrap(tmp_path), str(ROOT)])}
-    base = [sys.executable, "-m", "minigrpo", "grade", str(empty.parent)]
-    commands = (base, [*base, "--require-sandbox"])
-    runs = [subprocess.Popen(c, stdout=PIPE, stderr=PIPE, text=True, env=env) for c in commands]  # both at once
-    (_, graded), (_, refused) = [run.communicate(timeout=120) for run in runs]
-    (warning,) = [line for line in graded.splitlines() if line.startswith("warning:")]
-    assert runs[0].returncode == 0 and warning.startswith("warning: grading trusted code only")
+    assert grade_command(str(empty.parent)) == 0
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: grading trusted code only: no operating-system sandbox can run here")
     assert "Permission denied" in warning and "apparmor_restrict_unprivileged_userns=0" in warning
     assert "container" in warning
-    assert runs[1].returncode == 2 and "graded" not in refused
-    assert refused.splitlines()[-1].startswith("error: --require-sandbox: no operating-system sandbox")
+    assert grade_command(str(empty.parent), require_sandbox=True) == 2
+    refused = capsys.readouterr().err
+    assert "graded" not in refused and "layout" not in refused  # refused before anything is read
+    assert refused.startswith("error: --require-sandbox: no operating-system sandbox can run here (bwrap cannot")
 
 
 # --- routes to the reference, and processes left by the cells ------------------------------------------------------
