@@ -388,6 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the layout read said in one line (a folder right below one named submitted is one student's)",
     )
     grade.add_argument(
+        "--require-sandbox",
+        action="store_true",
+        help="refuse to grade (exit status 2) where no operating-system sandbox can run the notebooks (bubblewrap on "
+        "Linux); without it, grading there goes on and says in one line that it grades trusted code only",
+    )
+    grade.add_argument(
         "--exercise",
         action="append",
         default=[],
@@ -626,6 +632,7 @@ def run_grade(args: argparse.Namespace) -> int:
         checks_csv_path=args.checks_csv,
         writers=grade_writers(args),
         student=args.student,
+        require_sandbox=args.require_sandbox,
     )
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_grading_sandbox import refusing_bwrap
 
 from minigrpo.grading import NotebookReport, format_scores
 from minigrpo.grading.runner import say
@@ -142,6 +143,9 @@ def cli_run(tmp_path_factory):
     command += ["--csv", str(out / "grades.csv"), "--checks-csv", str(out / "checks.csv")]
     command += ["--feedback", str(out / "feedback"), "--gradescope", str(out / "results.json")]
     env = environment(tmp, MINIGRPO_GRADE_JOBS="1")
+    # where no sandbox can run (a bwrap the kernel refuses): what this file tests holds there too, and the notebooks
+    # here write beside them and into the grader's working folder, which a sandbox would not let them see
+    env["PYTHONPATH"] = os.pathsep.join([refusing_bwrap(tmp), env["PYTHONPATH"]])
     grader = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=working, env=env)
     try:
         deadline = time.monotonic() + 600

@@ -214,7 +214,7 @@ def run_case(case: Case, learner: Callable, deadline: float | None = None) -> Ca
         return CaseResult(case.name, 0.0, case.points, False, OUT_OF_TIME)
     try:
         with time_limit(seconds, lambda: CheckTimeout(f"took longer than {seconds:.3g} s")):
-            case.run(learner)
+            case.run(InputsCopied(learner))
     except Mismatch as wrong:
         return CaseResult(case.name, 0.0, case.points, False, str(wrong))
     except CheckTimeout as slow:
@@ -230,6 +230,36 @@ def run_case(case: Case, learner: Callable, deadline: float | None = None) -> Ca
     except Exception as error:
         return CaseResult(case.name, 0.0, case.points, False, f"your code raised {last_traceback_line(error)}")
     return CaseResult(case.name, case.points, case.points, True)
+
+
+class InputsCopied:
+    """The learner's function as a case calls it: every tensor it is given is a copy, so a function that changes its
+    inputs in place (zeroes them, say) never changes the tensors the case computes its expected answers from.
+
+    Tensors are copied inside lists, tuples and dicts too; modules and optimizers are not: a case hands those over
+    to be updated (one GRPO step) and compares them with its own reference's copy.
+    """
+
+    def __init__(self, learner: Callable):
+        self.learner = learner
+
+    def __call__(self, *args, **kwargs):
+        return self.learner(*copied(args), **copied(kwargs))
+
+    def value_and_gradient(self, wrt: int, *args):
+        return value_and_gradient(self.learner, wrt, *copied(args))
+
+
+def copied(value):
+    """`value` with every tensor in it (in lists, tuples and dicts too) a fresh copy: a leaf that requires grad
+    stays one, so a gradient can be taken with respect to the copy."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return type(value)(copied(item) for item in value) if type(value) in (list, tuple) else value
+    if type(value) is dict:
+        return {key: copied(item) for key, item in value.items()}
+    return value
 
 
 def _not_implemented(line: str) -> str:
@@ -287,7 +317,7 @@ def value_and_gradient(learner: Callable, wrt: int, *args):
     args[wrt] must require grad. A stand-in for a function in another process computes both there: a graph
     cannot cross processes.
     """
-    if isinstance(learner, RemoteCallable):
+    if isinstance(learner, (RemoteCallable, InputsCopied)):
         return learner.value_and_gradient(wrt, *args)
     value = learner(*args)
     if not isinstance(value, torch.Tensor) or not value.requires_grad:

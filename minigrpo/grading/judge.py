@@ -104,7 +104,9 @@ def judge(request: dict, done=None, secret: bytes | None = None) -> list[dict]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(drawn_from(secret or secrets.token_bytes(32)))
         workdir = request.get("workdir") or stack.enter_context(tempfile.TemporaryDirectory(prefix="minigrpo-judge-"))
-        kernel = Kernel(request["connection"], request["kernel_pid"], Path(workdir))
+        kernel = Kernel(
+            request["connection"], request["kernel_pid"], Path(workdir), request.get("interrupt_mode", "signal")
+        )
         checks = [check for check in request["checks"] if check in CASES]
         deadline = None
         if request.get("deadline") is not None:  # wall clock from the runner: this process's start-up counted

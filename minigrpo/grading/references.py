@@ -20,28 +20,34 @@ message that names the reference.
   strings at run time; nothing can tell a reference whose source was pasted
   into the notebook from the learner's own work.
 - `ReferenceWatch` watches the learner's function while the judge grades it:
-  `remote.serve` runs each call under a profile hook (`sys.setprofile`, and
-  `threading.setprofile` for the threads the call starts) that notes when code of
-  a reference starts, whatever route reached it: a name built from strings
+  `remote.serve` runs each call under a profile hook (`sys.setprofile`; in the
+  threads the call starts, through `threading` or `_thread`; on Python 3.12 and
+  later in every thread) that notes when code of a reference starts, whatever
+  route reached it: a name built from strings
   (`importlib.import_module("minigrpo." + "losses")`), `sys.modules`, an object
   hidden in a container, a copy of the function or of its code, `importlib.reload`
   (a code object is known by its file, first line and name), and the reference's
   code object under another file name (known by its name, first line and
-  `code_digest`: its bytecode, names and constants). The judge sends what to
+  `code_digest`: its bytecode, names and constants). An audit hook (which no code
+  can remove) notes a process started during the call, whose code no hook sees,
+  and a profile hook set by anyone else in any thread. The judge sends what to
   watch (`watch_list`, computed from its own registry) and a check whose function
-  ran a reference scores 0 with the reason. A function that switches the hook off
-  scores 0 too. It cannot see: the reference's source pasted into the notebook (the same
+  ran a reference, started a process or switched the hook off scores 0 with the
+  reason. It cannot see: the reference's source pasted into the notebook (the same
   code as a learner's own can be), a code object copied with another name and
-  first line, a reference run in another process, a
-  function that switches the hook off and on again within its call, an answer key
-  that is data (read, not run), or a kernel whose grading code (`serve`) the
-  learner rewrote: it runs in the kernel, which the learner controls, like the
-  live-object look.
+  first line, on Python 3.10 and 3.11 a thread started before the call, a thread
+  started through a `_thread.start_new_thread` kept from before the call, a process
+  or thread started by native code (ctypes), an answer key that is data (read, not
+  run), or a kernel whose grading code (`serve`) the learner rewrote: it runs in
+  the kernel, which the learner controls, like the live-object look. (The runner
+  kills the processes the notebook's cells left before the judge calls anything:
+  `processes.kill_strays`.)
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dis
 import functools
 import hashlib
@@ -370,13 +376,78 @@ def _normalised(value) -> str:
     return repr(value)
 
 
+PROCESS_EVENTS = frozenset(
+    {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system", "os.startfile", "subprocess.Popen"}
+)
+"""The audit events of a new process: the watch cannot look into one, so a graded function may start none."""
+_WATCHES: list[ReferenceWatch] = []
+"""The watches in force, told by the audit hook of a process started or a profile hook set while they watch."""
+_OURS = threading.local()
+"""Set while a watch sets its own profile hook: the audit hook then does not count it against the function."""
+
+
+def _audit(event: str, args: tuple) -> None:
+    if not _WATCHES:
+        return
+    if event in PROCESS_EVENTS:
+        for watch in _WATCHES:
+            watch.process = watch.process or event
+    elif event == "sys.setprofile" and not getattr(_OURS, "setting", False) and not _threading_sets_ours():
+        for watch in _WATCHES:  # in any thread: a thread that drops the hook would run the reference unseen
+            watch.intact = False
+
+
+def _threading_sets_ours() -> bool:
+    """Is the sys.setprofile being audited threading's own, at a thread's start, setting a watch's hook?"""
+    caller = sys._getframe(2).f_code  # 0: this function, 1: _audit, 2: who called sys.setprofile
+    ours = any(threading.getprofile() is watch._hook_fn for watch in _WATCHES)
+    return ours and caller.co_filename == threading.__file__ and caller.co_name == "_bootstrap_inner"
+
+
+@functools.cache
+def _install_audit_hook() -> None:
+    """Once per process: an audit hook cannot be removed (by the learner's code either), so it is installed for good
+    and does nothing while no watch is in force."""
+    sys.addaudithook(_audit)
+
+
+@contextlib.contextmanager
+def _ours():
+    """Within the block, the profile hooks this thread sets are a watch's own (the audit hook lets them be)."""
+    _OURS.setting = True
+    try:
+        yield
+    finally:
+        _OURS.setting = False
+
+
+def _set_profile(hook, every_thread: bool = False) -> None:
+    """`hook` as this thread's profile hook, and with `every_thread` (Python 3.12 and later) every other thread's."""
+    with _ours():
+        if every_thread and hasattr(threading, "setprofile_all_threads"):
+            threading.setprofile_all_threads(hook)
+        sys.setprofile(hook)
+
+
+_THREAD_STARTERS = (
+    ("_thread", "start_new_thread"),
+    ("_thread", "start_new"),
+    ("_thread", "start_joinable_thread"),  # Python 3.13's threading starts its threads with it
+    ("threading", "_start_new_thread"),
+    ("threading", "_start_joinable_thread"),
+)
+"""What starts a thread in Python: while a watch is in force, each one starts its function under the watch's hook."""
+
+
 class ReferenceWatch:
-    """Notes the first watched function that starts while in the block (this thread and threads it starts).
+    """Notes the first watched function that starts while in the block: in this thread, in every thread started in
+    the block (through `threading` or `_thread`), and on Python 3.12 and later in every thread already running.
 
     watched: `watch_list(...)` as the judge sent it. The references are also looked up by module and name in
     this process, in case its copy of the package lives in another folder than the judge's.
-    After the block: `ran` is the name of the reference that ran (None: none did) and `intact` says whether the
-    hook was still in place when the block ended.
+    After the block: `ran` is the name of the reference that ran (None: none did), `intact` says whether the
+    hook stayed in place (no code in any thread set another profile hook), and `process` names the audit event of
+    a process started in the block (None: none was), whose code the watch cannot see.
     """
 
     def __init__(self, watched: list[dict]):
@@ -393,6 +464,7 @@ class ReferenceWatch:
         self.files = {key[0] for key in self.names}
         self.ran: str | None = None
         self.intact = True
+        self.process: str | None = None
         self._seen: dict[int, tuple[types.CodeType, str | None]] = {}  # id(code) -> (code, the reference it copies)
 
     def _hook(self, frame, event, arg):
@@ -408,16 +480,42 @@ class ReferenceWatch:
                 self.ran = seen[1]
 
     def __enter__(self) -> ReferenceWatch:
+        _install_audit_hook()
         self._previous, self._previous_threads = sys.getprofile(), threading.getprofile()
         self._hook_fn = self._hook  # one bound method, so that `is` can find it again
+        self._starters = {
+            (module, name): getattr(sys.modules[module], name)
+            for module, name in _THREAD_STARTERS
+            if module in sys.modules and hasattr(sys.modules[module], name)
+        }
+        for (module, name), start in self._starters.items():
+            setattr(sys.modules[module], name, self._watched_start(start))
+        _WATCHES.append(self)
         threading.setprofile(self._hook_fn)
-        sys.setprofile(self._hook_fn)
+        _set_profile(self._hook_fn, every_thread=True)  # Python 3.12: the threads already running too
         return self
 
     def __exit__(self, *exc) -> None:
-        self.intact = sys.getprofile() is self._hook_fn
-        sys.setprofile(self._previous)
+        self.intact = self.intact and sys.getprofile() is self._hook_fn
+        _WATCHES.remove(self)
+        _set_profile(None, every_thread=True)  # no thread keeps the hook past the call
+        _set_profile(self._previous)
         threading.setprofile(self._previous_threads)
+        for (module, name), start in self._starters.items():
+            setattr(sys.modules[module], name, start)
+
+    def _watched_start(self, start):
+        """`start` (a function that starts a thread), starting its thread's function under the watch's hook."""
+        hook = self._hook_fn
+
+        def watched_start(function, *args, **kwargs):
+            def run(*inner, **named):
+                _set_profile(hook)
+                return function(*inner, **named)
+
+            return start(run, *args, **kwargs)
+
+        return watched_start
 
 
 def _resolve(module: str | None, qualname: str | None):
@@ -435,6 +533,14 @@ def runtime_message(name: str) -> str:
     return (
         f"your function ran the package's own {name} while it was graded: write your own implementation "
         "(the reference earns no points)."
+    )
+
+
+def process_message(event: str) -> str:
+    """The refusal for a function that started a process (the audit event `event`) while it was graded."""
+    return (
+        f"your function started a process ({event}) while it was graded: the grader cannot see whether it runs the "
+        "package's own solution there, so a function that does earns no points; compute in the function itself."
     )
 
 

@@ -80,16 +80,19 @@ up as above, none of them gets a score, the report lists the notebooks that were
 not graded, and the command exits with 128 + the signal's number (130, 143).
 Names and messages a learner made are printed escaped (`limits.printable`).
 
-The learner's code still runs with the grader's user account: it cannot change
-a score through Python, files or the kernel's output, but it can read files,
-write to the grader's open files through /proc, or disturb other processes of
-that user. Grade untrusted notebooks in a container.
+On Linux each kernel runs in an operating-system sandbox (`sandbox.bubblewrap`):
+its scratch folder, read-only Python and package, no other process, no network.
+Where none can run, the learner's code runs with the grader's user account: it
+cannot change a score through Python, files or the kernel's output, but it can
+read files, write to the grader's open files through /proc, or disturb other
+processes of that user (`grade` says so, and `--require-sandbox` refuses).
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import hmac
 import json
 import math
@@ -115,8 +118,16 @@ from minigrpo.grading.framework import (
     max_points,
     time_needed,
 )
+from minigrpo.grading.sandbox import bubblewrap
 from minigrpo.grading.sandbox.limits import NotebookRefused, printable, read_notebook
-from minigrpo.grading.sandbox.processes import Interrupts, alive, judge_command, kill_leftovers, without_working_folder
+from minigrpo.grading.sandbox.processes import (
+    Interrupts,
+    alive,
+    judge_command,
+    kill_leftovers,
+    kill_strays,
+    without_working_folder,
+)
 from minigrpo.grading.sandbox.remote import INTERRUPT_WAIT_S
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -401,6 +412,14 @@ def collect(nb, records: dict[str, dict], report: NotebookReport, checks: Sequen
         )
 
 
+def _sandbox(folder: Path, notebook_folder: Path):
+    """What turns a kernel's command into its sandboxed one: it writes to `folder` only and never sees the class's
+    `notebook_folder`; it reads the package, `minigrpo/` of this checkout, and nothing else of it."""
+    return functools.partial(
+        bubblewrap.sandboxed, scratch=folder, package=PACKAGE_ROOT / "minigrpo", hidden=notebook_folder
+    )
+
+
 def _environment(jobs: int, tmp: Path, **extra: str) -> dict:
     """The environment of a kernel or a judge: this package first on the path, quick runs, threads, its own TMPDIR."""
     env = dict(os.environ)
@@ -436,6 +455,7 @@ async def _judge(nb, checks: list[str], km, kernel_pid: int, deadline: float, jo
         "cells": [cell.source if cell.cell_type == "code" else "" for cell in nb.cells],
         "connection": connection,
         "kernel_pid": kernel_pid,
+        "interrupt_mode": km.kernel_spec.interrupt_mode,  # "message" in the sandbox, which passes no signal on
         "workdir": exchange,  # request and response files, exchanged with the kernel
         "deadline": time.time() + budget - JUDGE_MARGIN_S,  # wall clock: the judge's own start-up counts
     }
@@ -632,7 +652,7 @@ def _identified_report(submission: Submission, nb, timeout: float | None) -> Not
 
 
 async def _grade_notebook(
-    submission: Submission, timeout: float | None, jobs: int, workdir: Path, interrupts: Interrupts
+    submission: Submission, timeout: float | None, jobs: int, workdir: Path, interrupts: Interrupts, sandboxed: bool
 ) -> NotebookReport:
     started = time.monotonic()
     nb, unreadable = _read(submission.path, submission.folder)
@@ -651,7 +671,7 @@ async def _grade_notebook(
     if to_judge:  # a notebook of no exercise that calls no check has nothing to run
         limit_words = _limit_words(report.time_limit, report.exercise, explicit=timeout is not None)
         records = await _run_and_judge(
-            nb, submission.path, report, to_judge, jobs, workdir, interrupts, started, limit_words
+            nb, submission.path, report, to_judge, jobs, workdir, interrupts, started, limit_words, sandboxed
         )
     report.seconds = time.monotonic() - started  # the notebook's run and the judging of its checks (which may train)
     accepted, problems = accept_records(records, to_judge)
@@ -673,17 +693,26 @@ def _unforeseen(submission: Submission, timeout: float | None, error: Exception)
     return report
 
 
-async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrupts, started, limit_words) -> list:
-    """Run the notebook's cells in a kernel, then judge `checks` on it, all within report.time_limit; the records."""
+async def _run_and_judge(
+    nb, path: Path, report, checks, jobs, workdir, interrupts, started, limit_words, sandboxed: bool
+) -> list:
+    """Run the notebook's cells in a kernel (in the sandbox when `sandboxed`), then judge `checks` on it, all within
+    report.time_limit; the records."""
     from nbclient.exceptions import DeadKernelError
 
     from minigrpo.grading.sandbox import kernels
 
     deadline = started + report.time_limit
     token = secrets.token_hex(16)
-    folder = workdir / f"notebook-{token}"  # its kernel's spec, connection file and TMPDIR; the judge's files
+    folder = workdir / f"nb-{token[:12]}"  # its kernel's spec, connection file and TMPDIR; the judge's files
     (folder / "tmp").mkdir(parents=True)
-    client = kernels.grading_client(nb, folder, path.parent.resolve(), report.time_limit * CELL_SHARE)
+    sandbox, cwd = None, path.parent.resolve()
+    if sandboxed:  # the kernel sees its scratch folder, with a copy of the notebook, and never the class's folder
+        sandbox, cwd = _sandbox(folder, cwd), folder
+        import nbformat  # lazy: an optional dependency
+
+        nbformat.write(nb, folder / path.name)
+    client = kernels.grading_client(nb, folder, cwd, report.time_limit * CELL_SHARE, sandbox)
     kernel_pid, records, stuck = None, [], None
     try:
         env = _environment(jobs, folder / "tmp", **{GRADING_RUN_ENV: token})
@@ -699,7 +728,7 @@ async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrup
                     raise GradingError(reason) from error
                 kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
                 await kernels.stop_kernel(client)
-                client.km = kernels.kernel_manager(folder)  # new ports
+                client.km = kernels.kernel_manager(folder, sandbox)  # new ports
                 deadline += time.monotonic() - attempt_started  # the notebook's time was not its to lose
         try:
             stuck = await _run_cells(client, nb, deadline, report, limit_words)
@@ -708,6 +737,7 @@ async def _run_and_judge(nb, path: Path, report, checks, jobs, workdir, interrup
             report.errors.append(f"the kernel died: {last_traceback_line(error)}")
         interrupts.check()  # a signal, which nbclient may have reported as a dead kernel
         client.kc.stop_channels()  # what the kernel prints while the judge calls it is read by no one
+        kill_strays(kernel_pid, GRADING_RUN_ENV, token)  # no process of the cells' may run a reference for a function
         records = await _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder, stuck, report)
     finally:  # on every way out, an interrupt (cancellation) included: the kills first, they cannot be cut short
         kill_leftovers(kernel_pid, GRADING_RUN_ENV, token)
@@ -802,7 +832,9 @@ def _running_line(done: int, total: int, running: dict) -> str:
     return f"{done}/{total} graded; running: {', '.join(names) or 'none'}"
 
 
-async def _grade_all(submissions, timeout, jobs: int, workdir: Path, interrupts, done, say, heartbeat_s) -> None:
+async def _grade_all(
+    submissions, timeout, jobs: int, workdir: Path, interrupts, done, say, heartbeat_s, sandboxed: bool
+) -> None:
     """Grade every submission, `jobs` at a time; done(index, report) as each one finishes; say(line) at least
     every `heartbeat_s` seconds while notebooks run."""
     gate, running, finished = asyncio.Semaphore(jobs), {}, []
@@ -811,7 +843,7 @@ async def _grade_all(submissions, timeout, jobs: int, workdir: Path, interrupts,
         async with gate:
             running[index] = (submission, time.monotonic())
             try:
-                report = await _grade_notebook(submission, timeout, jobs, workdir, interrupts)
+                report = await _grade_notebook(submission, timeout, jobs, workdir, interrupts, sandboxed)
             except GradingError:  # no kernel starts: no notebook can be graded
                 raise
             except Exception as error:  # a notebook no rule foresaw costs its own points, never the class's grading
@@ -839,6 +871,7 @@ def grade_notebooks(
     jobs: int | None = None,
     progress=None,
     heartbeat_s: float = HEARTBEAT_S,
+    sandboxed: bool | None = None,
 ) -> list[NotebookReport]:
     """Execute each notebook in its own kernel (`jobs` at a time) and collect its exercise's checks.
 
@@ -846,8 +879,11 @@ def grade_notebooks(
     exercise's time_limit); progress(line): a line as each notebook finishes ("12/41 graded: ...") and at least
     every `heartbeat_s` seconds while notebooks run. SIGINT or SIGTERM (in the main thread) stops grading: raises
     GradingInterrupted with the reports finished before the signal; the notebooks being graded then are cleaned up
-    and get no report.
+    and get no report. sandboxed: run each kernel in the operating-system sandbox (`sandbox.bubblewrap`); None,
+    the default, where one can run.
     """
+    if sandboxed is None:
+        sandboxed = bubblewrap.unavailable_reason() is None
     submissions = [p if isinstance(p, Submission) else Submission(Path(p), Path(p).stem) for p in paths]
     if jobs is None:
         jobs = int(os.environ.get("MINIGRPO_GRADE_JOBS", "0")) or min(len(submissions), _cpu_count(), 4)
@@ -863,7 +899,7 @@ def grade_notebooks(
 
         async def grade_all(workdir: Path) -> None:
             interrupts.watch(asyncio.current_task())
-            await _grade_all(submissions, timeout, jobs, workdir, interrupts, done, say, heartbeat_s)
+            await _grade_all(submissions, timeout, jobs, workdir, interrupts, done, say, heartbeat_s, sandboxed)
 
         with tempfile.TemporaryDirectory(prefix="minigrpo-grade-") as tmp:
             try:

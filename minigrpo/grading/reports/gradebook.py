@@ -53,6 +53,7 @@ from minigrpo.grading.runner import (
     grade_notebooks,
     say,
 )
+from minigrpo.grading.sandbox import bubblewrap
 from minigrpo.grading.sandbox.limits import LIMITS, printable
 
 SEVERAL_RULE = "best"
@@ -328,6 +329,7 @@ def grade_command(
     checks_csv_path: str | None = None,
     writers: Sequence[Callable[[list[NotebookReport], float, list[Submission]], None]] = (),
     student: str | None = None,
+    require_sandbox: bool = False,
 ) -> int:
     """`python -m minigrpo grade PATH`: 0 whatever the score; 2 for a bad PATH, 1 when grading could not run,
     128 + the signal's number when SIGINT or SIGTERM stopped it (130, 143). timeout: seconds per notebook (None:
@@ -337,7 +339,16 @@ def grade_command(
     `feedback.write_feedback`, `gradescope.write_results`), each given absolute paths, since grading leaves the
     working folder. Interrupted, it still writes every output, for the notebooks graded, and each says which were
     not (NOT_GRADED). student: every notebook under `path` is theirs (--student; None: read from the folders,
-    `layouts.read_layout`, whose one line on the layout read goes to stderr)."""
+    `layouts.read_layout`, whose one line on the layout read goes to stderr). Where no operating-system sandbox can
+    run, one line on stderr says that it grades trusted code only, and how to grade untrusted code; with
+    `require_sandbox` that is an error (2), before anything is graded."""
+    unsandboxed = bubblewrap.unavailable_reason()
+    if unsandboxed is not None:
+        why, how = bubblewrap.UNSANDBOXED.format(reason=unsandboxed), bubblewrap.HOW_TO_SANDBOX
+        if require_sandbox:
+            say(f"error: --require-sandbox: {why}; {how}", sys.stderr)
+            return 2
+        say(f"warning: grading trusted code only: {why}, so a notebook's code runs as you; {how}", sys.stderr)
     try:
         layout = read_layout(path, student)
     except FileNotFoundError as error:
@@ -350,7 +361,9 @@ def grade_command(
     started, not_graded, stopped = time.monotonic(), [], None
     progress = lambda line: say(line, sys.stderr)  # noqa: E731
     try:
-        reports = grade_notebooks(submissions, timeout=timeout, jobs=jobs, progress=progress)
+        reports = grade_notebooks(
+            submissions, timeout=timeout, jobs=jobs, progress=progress, sandboxed=unsandboxed is None
+        )
     except GradingError as error:
         say(f"error: {error}", sys.stderr)
         return 1

@@ -31,6 +31,7 @@ import queue
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq.asyncio
@@ -49,21 +50,27 @@ class _CappedKernelManager(AsyncKernelManager):
         return super().client(context=self.context, **kwargs)
 
 
-def kernel_manager(folder: Path) -> AsyncKernelManager:
-    """A kernel of the Python running the grader (not whatever 'python' is on PATH), its files in `folder`."""
+def kernel_manager(folder: Path, sandbox: Callable[[list[str]], list[str]] | None = None) -> AsyncKernelManager:
+    """A kernel of the Python running the grader (not whatever 'python' is on PATH), its files in `folder`.
+
+    sandbox: turns the kernel's command into the sandboxed one (`bubblewrap.sandboxed`); the kernel then talks over
+    IPC sockets in `folder` (TCP does not cross its network namespace) and is interrupted by a message (the
+    sandbox does not pass SIGINT on)."""
     spec_dir = folder / "kernels" / "minigrpo-grader"
     spec_dir.mkdir(parents=True, exist_ok=True)
-    spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "minigrpo grader",
-        "language": "python",
-    }
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": "minigrpo grader", "language": "python"}
+    sockets = {}
+    if sandbox is not None:
+        spec = {**spec, "argv": sandbox(argv), "interrupt_mode": "message"}
+        sockets = {"transport": "ipc", "ip": str(folder / "k")}  # k-1, k-2, ...: a short path (108 bytes at most)
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return _CappedKernelManager(
         kernel_name="minigrpo-grader",
         kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(folder / "kernels")]),
         connection_file=str(folder / "connection.json"),
         context=capped_context(zmq.asyncio.Context),
+        **sockets,
     )
 
 
@@ -152,16 +159,16 @@ async def responsive(client: GradingClient, timeout: float) -> bool:
     return False
 
 
-def grading_client(nb, folder: Path, cwd: Path, timeout: float) -> GradingClient:
-    """The executor of one notebook: its kernel's files in `folder`, run in `cwd` (the notebook's folder); a cell
-    running past `timeout` seconds is interrupted and the next one runs (`timed_out`)."""
+def grading_client(nb, folder: Path, cwd: Path, timeout: float, sandbox=None) -> GradingClient:
+    """The executor of one notebook: its kernel's files in `folder`, run in `cwd`, sandboxed by `sandbox`
+    (`kernel_manager`); a cell running past `timeout` seconds is interrupted and the next one runs (`timed_out`)."""
     client = GradingClient(
         nb,
         timeout=max(1, int(timeout)),
         interrupt_on_timeout=True,
         error_on_timeout={"ename": CELL_TIMED_OUT, "evalue": f"over {timeout:g} s", "traceback": []},
         allow_errors=True,
-        km=kernel_manager(folder),
+        km=kernel_manager(folder, sandbox),
         resources={"metadata": {"path": str(cwd)}},
         extra_arguments=[
             "--IPKernelApp.log_level=ERROR",  # no start-up warnings

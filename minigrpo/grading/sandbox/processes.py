@@ -114,6 +114,66 @@ def kill_leftovers(sid: int | None, env_name: str, token: str) -> list[int]:
     return killed
 
 
+def kill_strays(kernel_pid: int, env_name: str, token: str) -> list[int]:
+    """Before the judge calls the learner's functions, SIGKILL every process the notebook's cells left running (a
+    process pool, a server, a daemon), all but the kernel (and, sandboxed, the sandbox's own): a graded function
+    cannot then have a process run the package's reference for it, where no watch sees. (One it starts during
+    its call is refused by `references.ReferenceWatch`.) Returns the pids killed."""
+    core = _sandbox_core(kernel_pid)
+    spare = {kernel_pid, *core}
+    found = set(leftovers(kernel_pid, env_name, token)) | set(_namespace_members(core[0]) if core else ())
+    killed = []
+    for pid in sorted(found - spare):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+        killed.append(pid)
+    return killed
+
+
+def _ns_pids(pid: int) -> list[int]:
+    """A process's pid in each PID namespace, from this one's down (/proc/<pid>/status NSpid); [] when gone."""
+    try:
+        status = (PROC / str(pid) / "status").read_text()
+    except OSError:
+        return []
+    line = next((line for line in status.splitlines() if line.startswith("NSpid:")), "NSpid:")
+    return [int(n) for n in line.split()[1:]]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(n) for n in (PROC / str(pid) / "task" / str(pid) / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _sandbox_core(sandbox_pid: int) -> list[int]:
+    """[init, kernel] of a bwrap sandbox started as `sandbox_pid`: its child that is pid 1 of a PID namespace one level
+    below this one, and that child's child that is pid 2 there (the command bwrap ran); [] when it is no sandbox."""
+    for init in _children(sandbox_pid):
+        if _ns_pids(init)[1:] == [1]:
+            return [init, *(child for child in _children(init) if _ns_pids(child)[1:] == [2])]
+    return []
+
+
+def _namespace_members(init: int) -> list[int]:
+    """Every process in the PID namespace of `init` (whatever its session or environment)."""
+    try:
+        namespace = os.readlink(PROC / str(init) / "ns" / "pid")
+    except OSError:
+        return []
+    members = []
+    for entry in PROC.iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "ns" / "pid") == namespace:
+                members.append(int(entry.name))
+        except OSError:
+            continue
+    return members
+
+
 # --- the judge, isolated --------------------------------------------------------------------------
 _JUDGE_BOOT = "import sys; sys.path[:] = sys.argv[1:]; from minigrpo.grading.judge import main; sys.exit(main())"
 

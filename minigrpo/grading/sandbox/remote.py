@@ -84,7 +84,7 @@ def _call(learner, request: dict) -> dict:
         raise
     except BaseException as error:  # SystemExit too: a learner's exit() is a failed case
         response = {"raised": last_traceback_line(error), "not_implemented": isinstance(error, NotImplementedError)}
-        return {**response, "reference_ran": watch.ran, "watch_intact": watch.intact}
+        return {**response, "reference_ran": watch.ran, "watch_intact": watch.intact, "process": watch.process}
     finally:
         torch.set_num_threads(threads)
     return {
@@ -94,6 +94,7 @@ def _call(learner, request: dict) -> dict:
         "rng": torch.get_rng_state(),
         "reference_ran": watch.ran,
         "watch_intact": watch.intact,
+        "process": watch.process,
     }
 
 
@@ -207,18 +208,20 @@ class Kernel:
     """A connection to the notebook's kernel, after the notebook ran: it answers `serve` requests.
 
     connection: the kernel's connection info (jupyter_client); pid: its process, watched for death;
-    workdir: a folder for request and response files.
+    workdir: a folder for request and response files; interrupt_mode: "signal" (SIGINT to `pid`) or "message"
+    (an interrupt_request on the control channel: a sandboxed kernel's pid is its sandbox's, which passes no signal on).
     """
 
-    def __init__(self, connection: dict, pid: int, workdir: Path):
+    def __init__(self, connection: dict, pid: int, workdir: Path, interrupt_mode: str = "signal"):
         from jupyter_client.blocking import BlockingKernelClient
 
         from minigrpo.grading.sandbox.limits import capped_context
 
         self.client = BlockingKernelClient(context=capped_context())  # a reply over MAX_MESSAGE_BYTES is dropped
         self.client.load_connection_info(connection)
-        self.client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
-        self.pid, self.workdir, self.broken = pid, workdir, None
+        by_message = interrupt_mode == "message"
+        self.client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=by_message)
+        self.pid, self.workdir, self.broken, self.by_message = pid, workdir, None, by_message
         self._ids = itertools.count()
 
     def close(self) -> None:
@@ -274,9 +277,12 @@ class Kernel:
                 return reply
 
     def _interrupt(self, message_id: str) -> None:
-        """SIGINT the kernel (KeyboardInterrupt in the learner's function); if it stays busy, give up on it."""
+        """Interrupt the kernel (KeyboardInterrupt in the learner's function); if it stays busy, give up on it."""
         try:
-            os.kill(self.pid, signal.SIGINT)
+            if self.by_message:
+                self.client.control_channel.send(self.client.session.msg("interrupt_request", content={}))
+            else:
+                os.kill(self.pid, signal.SIGINT)
             self._wait(message_id, timeout=INTERRUPT_WAIT_S)
         except (OSError, KernelGone):
             self.broken = "not run: an earlier case never returned (the kernel is still running your function)"
@@ -316,7 +322,7 @@ class KernelFunction(RemoteCallable):
         return self._call(args, {}, wrt)
 
     def _call(self, args: tuple, kwargs: dict, gradient_wrt: int | None):
-        from minigrpo.grading.references import WATCH_OFF_MESSAGE, runtime_message
+        from minigrpo.grading.references import WATCH_OFF_MESSAGE, process_message, runtime_message
 
         if self.refusal:
             raise NoAnswer(self.refusal)
@@ -335,6 +341,8 @@ class KernelFunction(RemoteCallable):
             raise NoAnswer("the kernel's answer is not a response (was minigrpo.grading.sandbox.remote changed?)")
         if response.get("reference_ran"):
             self.refusal = runtime_message(str(response["reference_ran"]))
+        elif self.watch and response.get("process"):
+            self.refusal = process_message(str(response["process"]))
         elif self.watch and response.get("watch_intact") is not True:
             self.refusal = WATCH_OFF_MESSAGE
         if self.refusal:
