@@ -1,4 +1,4 @@
-"""Exercise 15, the capstone: the solution's code earns every exactness point, planted mistakes lose them.
+"""Exercise 12, the capstone: the solution's code earns every exactness point, planted mistakes lose them.
 
 The functions come from the solution notebook itself (its `def` cells); each planted mistake is one edit of that
 source, so the tests follow the notebook. Exactness checks run here, in this process, on the tiny Qwen (seconds);
@@ -31,7 +31,7 @@ from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_c
 from minigrpo.tasks.arithmetic import is_test_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "solutions" / "15_grpo_from_scratch.ipynb"
+SOLUTION = ROOT / "solutions" / "12_grpo_from_scratch.ipynb"
 CELLS = [c.source for c in nbformat.read(SOLUTION, as_version=4).cells if c.cell_type == "code"]
 DEFINITIONS = "\n\n".join(c for c in CELLS if c.lstrip().startswith("def "))
 FUNCTIONS = {

@@ -203,7 +203,7 @@ CHECKS = {
 
 
 def test_every_check_is_tested_here():
-    """The capstone's checks (exercise 15) are tested in tests/test_capstone.py, on the solution notebook's code."""
+    """The capstone's checks (exercise 12) are tested in tests/test_capstone.py, on the solution notebook's code."""
     capstone = {name for name in grading.CASES if name.startswith("check_capstone_")}
     assert set(CHECKS) == set(grading.CASES) - capstone and capstone
 
@@ -269,7 +269,7 @@ def test_a_completion_mask_of_bools_or_floats_earns_full_marks_and_the_package_s
 
 
 def test_the_package_s_dynamic_sampling_earns_none(capsys):
-    """Exercise 14's learner function has the package's name, informative_groups: passing the package's own (or
+    """Exercise 15's learner function has the package's name, informative_groups: passing the package's own (or
     the zero_std_groups it negates) earns 0, and so does a refill loop built on it."""
     assert grading.check_informative_groups(informative_groups).points == 0
     assert grading.check_informative_groups(lambda grouped: ~zero_std_groups(grouped)).points == 0
@@ -340,7 +340,7 @@ def test_a_check_remembers_the_function_and_under_the_grader_only_that(monkeypat
     assert "runs its cases outside the notebook" in capsys.readouterr().out
 
 
-# Each answer of exercise 10 and the diagnostics at step 1 that show it, and show nothing else: a run matches the
+# Each answer of exercise 14 and the diagnostics at step 1 that show it, and show nothing else: a run matches the
 # signature of its own answer and of no other one (so each answer can be read off the run, not found by elimination).
 SIGNATURES = {
     "shifted_logps": lambda m: (
@@ -488,7 +488,7 @@ def run_grade(*args) -> subprocess.CompletedProcess:
 # Graded beside every solution: a plain function check and the capstone (a model, training and the own-code check in
 # the kernel). Every exercise holds stubs only (test_exercises.py reads them all); grading these two shows that stubs
 # score 0 on every kind of check, at a fraction of the time all fifteen take (the suite's longest test).
-SAMPLED_EXERCISES = ("02_group_relative_advantages", "15_grpo_from_scratch")
+SAMPLED_EXERCISES = ("04_group_relative_advantages", "12_grpo_from_scratch")
 
 
 def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):

@@ -2,7 +2,7 @@
 
 An exercise is defined once, in its module of `minigrpo.grading.checks`, beside the checks it owns::
 
-    EXERCISE = exercise("02_group_relative_advantages", [check_group_relative_advantages, check_rloo_advantages],
+    EXERCISE = exercise("04_group_relative_advantages", [check_group_relative_advantages, check_rloo_advantages],
                         solution_seconds=12)
 
 Its checks and their points are the exercise's, not the submission's: a check whose cell a learner deleted scores
@@ -16,11 +16,11 @@ Which exercise a notebook is
 `scripts/make_exercises.py` stamps every exercise and solution notebook's metadata with its exercise and the
 package's version (`Exercise.stamp`)::
 
-    "metadata": {"minigrpo": {"exercise": "02_group_relative_advantages", "version": "0.3.0", "revision": 1,
+    "metadata": {"minigrpo": {"exercise": "04_group_relative_advantages", "version": "0.3.0", "revision": 1,
                               "checks": {"check_group_relative_advantages": 4, "check_rloo_advantages": 2}}}
 
-`identify` reads, in order: that stamp (a renamed copy, "Copy of 02_...ipynb" or "02_... (1).ipynb", keeps it);
-the file name (an exercise's id in it, or its number first: "02_mine.ipynb"); the checks the notebook calls, when
+`identify` reads, in order: that stamp (a renamed copy, "Copy of 04_...ipynb" or "04_... (1).ipynb", keeps it);
+the file name (an exercise's id in it, or its number first: "04_mine.ipynb"); the checks the notebook calls, when
 they all belong to one exercise. A notebook that none of these names is graded on the checks it calls, and stays
 out of the gradebook. A stamp whose exercise is not an id (a list, a number) is not the one make_exercises writes:
 it is ignored, with a note, as a stamp of an exercise this version does not have is.
@@ -65,7 +65,7 @@ class Exercise:
 
     @property
     def number(self) -> str:
-        """'02' of '02_group_relative_advantages'."""
+        """'04' of '04_group_relative_advantages'."""
         return self.id.split("_", 1)[0]
 
     @property
@@ -132,7 +132,7 @@ _COPY_SUFFIX = re.compile(r"(\s*\(\d+\)|-Copy\d*|\s+copy\s*\d*)+$", re.IGNORECAS
 
 
 def from_file_name(path: str | PurePath) -> Exercise | None:
-    """The exercise a file name names: its id inside the name, or its number first ('02_mine', 'Copy of 02_x (1)')."""
+    """The exercise a file name names: its id inside the name, or its number first ('04_mine', 'Copy of 04_x (1)')."""
     stem = _COPY_SUFFIX.sub("", _COPY_PREFIX.sub("", PurePath(path).stem.strip()))
     lowered = stem.lower()
     for candidate in EXERCISES.values():

@@ -6,9 +6,9 @@ from"). The grader's default limit per notebook is 3x that. Measure again when a
 
 Each module registers its checks' cases (`@cases("check_x")`, in framework.CASES) and the check_x functions the
 notebooks call (`@check`, in framework.CHECKS, which `minigrpo.grading` exports by name). A module is named after its
-exercise's notebook, less the number (exercises/08_one_grpo_step.ipynb: one_grpo_step.py). A new exercise is a new
+exercise's notebook, less the number (exercises/10_one_grpo_step.ipynb: one_grpo_step.py). A new exercise is a new
 module here, imported below, and a row in this table. Two modules here serve the checks rather than one exercise:
-`labs` (short runs of the tiny Qwen: the reference GRPO step of exercises 08 and 09, exercise 10's planted bugs, the
+`labs` (short runs of the tiny Qwen: the reference GRPO step of exercises 08 and 10, exercise 14's planted bugs, the
 capstone's runs) and `own_code` (the capstone's notebook read for the package's stage functions).
 
 | exercise | module | checks |

@@ -1,11 +1,11 @@
-"""Exercise 15, the capstone: GRPO from scratch, graded on exactness and on learning.
+"""Exercise 12, the capstone: GRPO from scratch, graded on exactness and on learning.
 
 The learner writes every stage without the package's stage functions: the completion mask, a sampler of G
 completions per prompt, per-token log-probs, group-relative advantages, the clipped surrogate with the k3 KL
 against a frozen reference, the micro-batched gradient of one pass, the update (num_iterations optimizer steps
 with clipping) and the training loop. The checks:
 
-- each function against the package on hand-made and random cases (the mask reuses exercise 11's cases);
+- each function against the package on hand-made and random cases (the mask reuses exercise 02's cases);
 - the sampler on what it must guarantee (G rows per prompt, group-major, masks that stop at the first EOS,
   temperature changing the distribution), never on exact tokens;
 - exactness on gradients: from the same weights and rollout, the loss and every parameter's gradient of the
@@ -75,7 +75,7 @@ def _batch(n: int, seed: int = 11) -> dict:
     return make_arithmetic_dataset(n, "test", seed=seed)[:n]
 
 
-# --- the completion mask: exercise 11's cases -------------------------------------------------
+# --- the completion mask: exercise 02's cases -------------------------------------------------
 @cases("check_capstone_completion_mask", references=[rollout_module.completion_mask_from_eos, mask_reference])
 def _mask_cases() -> list[Case]:
     return CASES["check_completion_mask"]()
@@ -617,7 +617,7 @@ def check_capstone_own_code(train_grpo: Callable) -> CheckResult:
 
 
 EXERCISE = exercise(
-    "15_grpo_from_scratch",
+    "12_grpo_from_scratch",
     [
         check_capstone_completion_mask,
         check_capstone_sampler,

@@ -1,8 +1,8 @@
 """Labs: short runs of the bundled tiny Qwen that the checks and the exercises train.
 
 - the tiny model, a small GRPO config and the package's own GRPO step, which the
-  checks of exercises 08 and 09 compare a learner's step and predicted loss with;
-- exercise 10's failure modes: `PlantedBugTrainer`, a GRPOTrainer with one planted
+  checks of exercises 10 and 08 compare a learner's step and predicted loss with;
+- exercise 14's failure modes: `PlantedBugTrainer`, a GRPOTrainer with one planted
   silent bug (in the spirit of Spinning Up's problem set 2), the mystery runs it
   trains (each with one bug or none, more candidates than runs, so that no answer
   follows from the others) and the diagnostics a learner reads to tell them apart.
@@ -138,7 +138,7 @@ def seeded_rollout(model, tokenizer, batch: dict, config, ref_model, seed: int) 
     return rollout, rewards
 
 
-# --- exercise 10: a training run with a planted silent bug --------------------------------
+# --- exercise 14: a training run with a planted silent bug --------------------------------
 BUGS = {
     "shifted_logps": "log-probs shifted by one: completion token t is scored by the logits at position t, not t - 1",
     "prompt_in_mask": "prompt tokens inside the loss mask: the loss also trains on the prompt",
@@ -147,11 +147,11 @@ BUGS = {
     "wrong_detach": "the wrong tensor detached: the current log-probs, so the ratio carries no gradient",
 }
 NO_BUG = "none"
-"""Exercise 10's answer for a mystery run that has no bug (a healthy run)."""
+"""Exercise 14's answer for a mystery run that has no bug (a healthy run)."""
 MYSTERY_RUNS = dict(
     zip("ABCDE", ("wrong_detach", "padding_in_mask", NO_BUG, "batch_std", "shifted_logps"), strict=True)
 )
-"""The answer key of exercise 10: mystery run -> its planted bug, or NO_BUG. Six answers (five bugs and NO_BUG) for
+"""The answer key of exercise 14: mystery run -> its planted bug, or NO_BUG. Six answers (five bugs and NO_BUG) for
 five runs, prompt_in_mask in none of them: no answer follows from the others, each comes from the run's diagnostics."""
 RUN_SEEDS = {"healthy": 0, **{run: seed for seed, run in enumerate(MYSTERY_RUNS, start=1)}}
 """Each run samples from its own seed: a healthy mystery run does not repeat the healthy run's numbers."""

@@ -1,4 +1,4 @@
-"""Exercise 08: one full GRPO step on the tiny Qwen, compared with the package's GRPOTrainer step.
+"""Exercise 10: one full GRPO step on the tiny Qwen, compared with the package's GRPOTrainer step.
 
 The learner's step and the reference start from copies of the same model and
 sample after the same seed, so rewards, loss, gradients, grad_norm and the
@@ -158,8 +158,8 @@ def _take_weights(model, reference_model) -> None:
 
 @check
 def check_grpo_step(grpo_step: Callable) -> CheckResult:
-    """Exercise 08: grpo_step(model, ref_model, tokenizer, optimizer, batch, reward_funcs, config) -> dict."""
+    """Exercise 10: grpo_step(model, ref_model, tokenizer, optimizer, batch, reward_funcs, config) -> dict."""
     return run_check("check_grpo_step", grpo_step)
 
 
-EXERCISE = exercise("08_one_grpo_step", [check_grpo_step], solution_seconds=80)
+EXERCISE = exercise("10_one_grpo_step", [check_grpo_step], solution_seconds=80)

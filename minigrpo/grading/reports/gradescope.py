@@ -50,7 +50,7 @@ SUBMISSION = "submission"
 
 
 def exercise_ids(names: Sequence[str]) -> list[str]:
-    """Exercise ids from ids or numbers ('02' -> '02_group_relative_advantages'), in the course's order."""
+    """Exercise ids from ids or numbers ('04' -> '04_group_relative_advantages'), in the course's order."""
     ids = []
     for name in names:
         found = EXERCISES.get(name) or next((e for e in EXERCISES.values() if e.number == name), None)
