@@ -17,9 +17,10 @@ import nbformat
 import pytest
 
 from minigrpo import __version__, grading
-from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
+from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify, renumbered
 from minigrpo.grading.framework import AFTER_TIMEOUT
 from minigrpo.grading.reports.gradebook import class_grades, format_scores, json_report, write_gradebook
+from minigrpo.grading.reports.gradescope import exercise_ids
 from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import EMPTY, NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
@@ -86,6 +87,14 @@ def graded(tmp_path_factory):
     handed_in(submitted, "dave", NAME, notebook())  # empty, unstamped: known by its file name
     changed = {**current, "version": "0.0.1", "checks": {"check_group_relative_advantages": 4}}
     handed_in(submitted, "erin", NAME, notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=changed))
+    # frank's handout came before the renumbering: exercise 04 under its former id, in its stamp and its file name
+    former = {**current, "exercise": EXERCISE.formerly}
+    handed_in(
+        submitted,
+        "frank",
+        f"{EXERCISE.formerly}.ipynb",
+        notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=former),
+    )
     gradebook = submitted.parent / "grades.csv"
     command = [sys.executable, "-m", "minigrpo", "grade", str(submitted), "--json", "--jobs", "2"]
     command += ["--timeout", str(TIMEOUT), "--csv", str(gradebook), "--checks-csv", str(submitted.parent / "c.csv")]
@@ -149,7 +158,7 @@ def test_renamed_copies_grade_as_their_exercise_and_the_best_of_several_counts(g
 
 def test_the_gradebook_has_one_row_per_student(graded):
     report, _, rows, _ = graded
-    assert [r["student"] for r in rows] == ["aaron", "bob", "carol", "dave", "erin"]
+    assert [r["student"] for r in rows] == ["aaron", "bob", "carol", "dave", "erin", "frank"]
     assert list(rows[0]) == ["student", EXERCISE.id, "total", "max_points"]
     totals = {r["student"]: (r[EXERCISE.id], r["total"], r["max_points"]) for r in rows}
     assert totals["aaron"] == ("2", "2", "6") and totals["bob"] == ("4", "4", "6")
@@ -165,6 +174,37 @@ def test_another_versions_handout_is_graded_with_a_warning_or_refused_when_its_c
     assert (erin["status"], erin["points"], erin["max_points"]) == ("refused", 0, 6)
     assert "whose exercise 04_group_relative_advantages differs from minigrpo " in erin["errors"][0]
     assert erin["seconds"] == 0  # refused before any kernel started
+
+
+def test_a_notebook_under_its_former_number_is_graded_under_its_new_one_with_a_note(graded):
+    report, _, rows, _ = graded
+    (frank,) = by_student(report)["frank"]
+    assert (frank["exercise"], frank["points"], frank["max_points"], frank["status"]) == (EXERCISE.id, 6, 6, "ok")
+    assert frank["notes"] == [renumbered(EXERCISE.formerly, EXERCISE)]
+    assert next(r for r in rows if r["student"] == "frank")[EXERCISE.id] == "6"  # the new number's column
+
+
+@pytest.mark.parametrize("exercise_", [e for e in EXERCISES.values() if e.formerly], ids=lambda e: e.id)
+def test_every_renumbered_exercise_is_known_by_its_former_id(exercise_):
+    note = renumbered(exercise_.formerly, exercise_)
+    assert note.startswith(f"exercise {exercise_.formerly} is exercise {exercise_.id} since the exercises were")
+    old_handout = {"minigrpo": {**exercise_.stamp("0.2.0"), "exercise": exercise_.formerly}}
+    stamped = identify(old_handout, f"{exercise_.formerly}.ipynb", [], __version__)
+    assert (stamped.exercise, stamped.by, stamped.refusal) == (exercise_, "metadata", None)
+    assert stamped.warnings[0] == note and "checks are the same in both" in stamped.warnings[1]
+    this_version = {"minigrpo": {**exercise_.stamp(__version__), "exercise": exercise_.formerly}}
+    assert identify(this_version, f"Copy of {exercise_.formerly}.ipynb", [], __version__).warnings == [note]
+    unstamped = identify({}, f"{exercise_.formerly} (1).ipynb", [], __version__)
+    assert (unstamped.exercise, unstamped.by, unstamped.warnings) == (exercise_, "file name", [note])
+    assert exercise_ids([exercise_.formerly]) == [exercise_.id]  # an autograder zip made before the renumbering
+    changed = {**old_handout["minigrpo"], "revision": exercise_.revision + 1}
+    assert identify({"minigrpo": changed}, "x.ipynb", [], __version__).refusal is not None  # the contract still holds
+
+
+def test_every_exercise_has_one_former_id_and_no_two_share_one():
+    formers = [e.formerly for e in EXERCISES.values()]
+    assert len(set(formers)) == len(formers) == 15 and not set(formers) & set(EXERCISES)
+    assert sorted(f[:2] for f in formers) == sorted(e.number for e in EXERCISES.values())
 
 
 def test_a_function_that_loops_costs_its_own_check_within_the_notebooks_limit(graded):
@@ -183,9 +223,9 @@ def test_a_function_that_loops_costs_its_own_check_within_the_notebooks_limit(gr
 def test_progress_counts_the_graded_notebooks_and_names_their_students(graded):
     report, stderr, _, _ = graded
     lines = stderr.splitlines()
-    counts = [int(m.group(1)) for line in lines if (m := re.match(r"(\d+)/6 graded: (\w+) ", line))]
-    assert counts == list(range(1, 7))
-    assert any(line.startswith("6/6 graded: ") for line in lines)
+    counts = [int(m.group(1)) for line in lines if (m := re.match(r"(\d+)/7 graded: (\w+) ", line))]
+    assert counts == list(range(1, 8))
+    assert any(line.startswith("7/7 graded: ") for line in lines)
 
 
 CALLS_ITS_CHECK = "check_kl_k3(kl_k3)"  # a NameError (nothing imported): the notebook is run, and judged on time

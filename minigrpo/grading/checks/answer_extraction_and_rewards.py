@@ -162,4 +162,5 @@ EXERCISE = exercise(
         check_reward_hacking,
     ],
     solution_seconds=70,
+    formerly="01_answer_extraction_and_rewards",
 )

@@ -108,4 +108,6 @@ def check_clipped_surrogate(clipped_surrogate: Callable) -> CheckResult:
     return run_check("check_clipped_surrogate", clipped_surrogate)
 
 
-EXERCISE = exercise("05_clipped_surrogate", [check_clipped_surrogate], solution_seconds=50)
+EXERCISE = exercise(
+    "05_clipped_surrogate", [check_clipped_surrogate], solution_seconds=50, formerly="04_clipped_surrogate"
+)

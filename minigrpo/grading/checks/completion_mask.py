@@ -173,4 +173,4 @@ def check_completion_mask(completion_mask: Callable) -> CheckResult:
     return run_check("check_completion_mask", completion_mask)
 
 
-EXERCISE = exercise("02_completion_mask", [check_completion_mask], solution_seconds=55)
+EXERCISE = exercise("02_completion_mask", [check_completion_mask], solution_seconds=55, formerly="11_completion_mask")

@@ -179,4 +179,5 @@ EXERCISE = exercise(
         check_fill_batch,
     ],
     solution_seconds=45,
+    formerly="14_dynamic_sampling",
 )

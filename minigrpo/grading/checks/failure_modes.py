@@ -48,4 +48,4 @@ def check_failure_modes(diagnose: Callable[[], dict]) -> CheckResult:
     return run_check("check_failure_modes", diagnose)
 
 
-EXERCISE = exercise("14_failure_modes", [check_failure_modes], solution_seconds=95)
+EXERCISE = exercise("14_failure_modes", [check_failure_modes], solution_seconds=95, formerly="10_failure_modes")

@@ -115,4 +115,4 @@ def check_compute_gae(compute_gae: Callable) -> CheckResult:
     return run_check("check_compute_gae", compute_gae)
 
 
-EXERCISE = exercise("13_gae_for_ppo", [check_compute_gae], solution_seconds=50)
+EXERCISE = exercise("13_gae_for_ppo", [check_compute_gae], solution_seconds=50, formerly="07_gae_for_ppo")

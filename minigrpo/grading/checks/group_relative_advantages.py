@@ -122,4 +122,5 @@ EXERCISE = exercise(
         check_rloo_advantages,
     ],
     solution_seconds=60,
+    formerly="02_group_relative_advantages",
 )

@@ -630,4 +630,5 @@ EXERCISE = exercise(
         check_capstone_own_code,
     ],
     solution_seconds=255,
+    formerly="15_grpo_from_scratch",
 )

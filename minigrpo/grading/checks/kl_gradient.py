@@ -155,4 +155,5 @@ EXERCISE = exercise(
         check_kl_directions,
     ],
     solution_seconds=45,
+    formerly="13_kl_gradient",
 )

@@ -85,4 +85,4 @@ def check_kl_k3(kl_k3: Callable) -> CheckResult:
     return run_check("check_kl_k3", kl_k3)
 
 
-EXERCISE = exercise("06_kl_k3_estimator", [check_kl_k3], solution_seconds=60)
+EXERCISE = exercise("06_kl_k3_estimator", [check_kl_k3], solution_seconds=60, formerly="05_kl_k3_estimator")

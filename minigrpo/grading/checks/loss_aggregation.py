@@ -88,4 +88,4 @@ def check_aggregate_loss(aggregate_loss: Callable) -> CheckResult:
     return run_check("check_aggregate_loss", aggregate_loss)
 
 
-EXERCISE = exercise("07_loss_aggregation", [check_aggregate_loss], solution_seconds=60)
+EXERCISE = exercise("07_loss_aggregation", [check_aggregate_loss], solution_seconds=60, formerly="06_loss_aggregation")

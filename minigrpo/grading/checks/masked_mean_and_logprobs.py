@@ -182,4 +182,5 @@ EXERCISE = exercise(
         check_per_token_logps,
     ],
     solution_seconds=50,
+    formerly="03_masked_mean_and_logprobs",
 )

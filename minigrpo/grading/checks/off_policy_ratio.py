@@ -271,4 +271,5 @@ EXERCISE = exercise(
         check_clip_fractions,
     ],
     solution_seconds=50,
+    formerly="12_off_policy_ratio",
 )

@@ -162,4 +162,4 @@ def check_grpo_step(grpo_step: Callable) -> CheckResult:
     return run_check("check_grpo_step", grpo_step)
 
 
-EXERCISE = exercise("10_one_grpo_step", [check_grpo_step], solution_seconds=80)
+EXERCISE = exercise("10_one_grpo_step", [check_grpo_step], solution_seconds=80, formerly="08_one_grpo_step")

@@ -147,4 +147,5 @@ EXERCISE = exercise(
         check_worked_example_step_one_loss,
     ],
     solution_seconds=85,
+    formerly="09_why_is_the_loss_zero",
 )
