@@ -123,3 +123,9 @@ def test_the_guides_time_figures_follow_the_exercises_measured_solution_seconds(
     hours, minutes = divmod(round(40 * capstone / 2 / 60), 60)
     assert f"about {minutes_02:g} minutes for 40 notebooks of exercise 04 ({seconds[EXERCISE.id]:g} s)" in text
     assert f"{hours} h {minutes} min for 40 capstones ({capstone:g} s)" in text
+
+
+def test_the_guides_table_of_former_numbers_is_the_exercises_own():
+    rows = re.findall(r"^\| (\d\d) \| (\d\d) \| `(\w+)` \|$", GUIDE.read_text(), re.M)
+    assert rows == sorted((e.formerly[:2], e.number, e.id) for e in EXERCISES.values())
+    assert all(EXERCISES[id].formerly[:2] == former for former, _, id in rows)
