@@ -76,6 +76,12 @@ NO_MASK = (
 NO_RATIO = ("ratio = torch.exp(logps - old_logps)", "ratio = torch.exp(logps - logps.detach())")
 WRONG_SCALE = ("(loss * weight).backward()", "loss.backward()")
 NO_STEP = ("        optimizer.step()\n", "")
+NO_CLIP = (
+    "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)",
+    "grad_norm = torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]).norm()",
+)
+RIGHT_PADDED = ('padding=True, padding_side="left"', 'padding=True, padding_side="right"')
+NO_POSITION_IDS = ("position_ids=positions, ", "")
 
 
 def test_the_capstone_checks_are_the_notebook_s():
@@ -97,8 +103,10 @@ def test_the_solution_earns_every_exactness_point(check):
         ("check_capstone_loss", FLIPPED_IN_LOSS, "the sign"),
         ("check_capstone_loss", NO_MASK, "the mask"),
         ("check_capstone_loss", NO_RATIO, "the ratio"),
+        ("check_capstone_sampler", RIGHT_PADDED, "pad prompts on the LEFT"),
+        ("check_capstone_logps", NO_POSITION_IDS, "pass position_ids"),
     ],
-    ids=["advantage-sign", "loss-sign", "no-mask", "no-ratio"],
+    ids=["advantage-sign", "loss-sign", "no-mask", "no-ratio", "right-padding", "no-position-ids"],
 )
 def test_a_planted_mistake_loses_points_with_the_hint_that_names_it(check, edit, hint):
     result = grade(check, solution(edit))
@@ -149,9 +157,15 @@ def test_a_loop_that_never_steps_loses_the_update_points():
     assert result.points == 0 and "optimizer took 0 step(s)" in result.cases[0].message
 
 
+def test_an_update_without_the_gradient_clip_loses_the_clipping_point():
+    result = grade("check_capstone_update", solution(NO_CLIP))
+    kept, clipped = result.cases
+    assert kept.passed and not clipped.passed and "clip_grad_norm_(max_grad_norm)" in clipped.message
+
+
 def test_a_wrong_accumulation_scale_loses_the_update_points():
     result = grade("check_capstone_update", solution(WRONG_SCALE))
-    assert result.points == 0 and "weights differ" in result.cases[0].message
+    assert result.points < result.max_points and "weights differ" in result.cases[0].message
 
 
 def test_a_flipped_advantage_stops_learning_and_loses_the_learning_points(monkeypatch):

@@ -361,6 +361,31 @@ def reference_capstone_update(
     return trainer
 
 
+def position_sensitive_qwen(model, longest: int):
+    """A copy of `model` (a Qwen2) whose rotary embedding switches frequencies past `longest` positions (LongRoPE,
+    as long-context checkpoints configure it): short factors (the model's own frequencies) while the largest
+    position id is below `longest`, long factors (4x slower) beyond.
+
+    With plain RoPE only positions' differences count, so a forward pass without `position_ids` on left-padded rows
+    (every row numbered from its first padding column) gives the same log-probs within ~1e-5. Here the largest
+    position decides the frequencies: rows padded on the left by more columns than `longest` leaves room for, scored
+    without position ids numbered from each row's first real token, get the long factors and other log-probs."""
+    from transformers import Qwen2ForCausalLM
+
+    config = copy.deepcopy(model.config)
+    half = config.hidden_size // config.num_attention_heads // 2
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half}
+    rope["original_max_position_embeddings"] = longest
+    config.max_position_embeddings = 4 * longest
+    if hasattr(config, "rope_parameters"):  # transformers 5
+        config.rope_parameters = {**rope, "rope_theta": config.rope_parameters.get("rope_theta", 10000.0)}
+    else:  # transformers 4
+        config.rope_scaling = rope
+    sensitive = Qwen2ForCausalLM(config).to(next(model.parameters()).dtype).eval()
+    sensitive.load_state_dict(model.state_dict())
+    return sensitive
+
+
 CAPSTONE_LEARNING = dict(
     max_steps=80,
     prompts_per_step=16,
