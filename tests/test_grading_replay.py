@@ -22,7 +22,7 @@ from test_grading import CHECKS  # the package's reference for every check but t
 from minigrpo import grading
 from minigrpo.grading.framework import case_seed, drawn_from, evaluate, seeded
 
-EXERCISES_15 = grading.EXERCISES["12_grpo_from_scratch"].checks
+CAPSTONE_CHECKS = grading.EXERCISES["12_grpo_from_scratch"].checks
 QUESTIONS = {"check_reward_hacking", "check_kl_directions", "check_failure_modes", "check_worked_example_step_one_loss"}
 """Checks that ask a question whose answer is a fact (which KL a loss follows, which bug a run has): nothing to
 draw at random, so a recorded answer is simply the answer."""
@@ -364,7 +364,7 @@ def test_a_replay_of_the_capstone_earns_only_its_fixed_points():
             else:
                 assert result.points == 0, f"{name}: {result.name} earned {result.points} replayed"
             earned += result.points
-    most = sum(grading.max_points(name) for name in EXERCISES_15)
+    most = sum(grading.max_points(name) for name in CAPSTONE_CHECKS)
     unreplayed = most - sum(grading.max_points(name) for name in CAPSTONE_REPLAYED)  # learning, own code: 6
     assert unreplayed == 6
     assert earned <= fixed and fixed + unreplayed < most / 2, (fixed, unreplayed, most)

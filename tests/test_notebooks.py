@@ -164,7 +164,7 @@ def test_stamping_is_idempotent_and_follows_a_new_version_and_url(tmp_path):
 
 
 def test_a_lessons_practice_section_says_how_to_open_its_exercises_in_colab():
-    links = "- [Exercise 01](../exercises/03_x.ipynb)\n- [Exercise 02](../exercises/11_y.ipynb)"
+    links = "- [Exercise 03](../exercises/03_x.ipynb)\n- [Exercise 11](../exercises/11_y.ipynb)"
     practice = f"{stamp_colab.PRACTICE}\n\n{links}"
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1"), nbformat.v4.new_markdown_cell(practice)])
     stamp = ["minigrpo[colab]==1.2.0", INSTALL_HELP]
@@ -176,8 +176,8 @@ def test_a_lessons_practice_section_says_how_to_open_its_exercises_in_colab():
     assert stamp_colab.stamp_notebook(nb, "notebooks/x.ipynb", "https://github.com/someone/fork", *stamp)
     published = nb.cells[-1].source.splitlines()
     assert published[-1] == (
-        "**In Colab:** open [exercise 01](https://colab.research.google.com/github/someone/fork/blob/main/exercises/"
-        "03_x.ipynb), [exercise 02](https://colab.research.google.com/github/someone/fork/blob/main/exercises/"
+        "**In Colab:** open [exercise 03](https://colab.research.google.com/github/someone/fork/blob/main/exercises/"
+        "03_x.ipynb), [exercise 11](https://colab.research.google.com/github/someone/fork/blob/main/exercises/"
         "11_y.ipynb) in Colab (the links above open the notebooks on GitHub)."
     )
     assert sum(line.startswith("**In Colab:**") for line in published) == 1  # the line replaced, not added again
