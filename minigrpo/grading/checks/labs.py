@@ -379,8 +379,8 @@ def position_sensitive_qwen(model, longest: int):
     config.max_position_embeddings = 4 * longest
     if hasattr(config, "rope_parameters"):  # transformers 5
         config.rope_parameters = {**rope, "rope_theta": config.rope_parameters.get("rope_theta", 10000.0)}
-    else:  # transformers 4
-        config.rope_scaling = rope
+    else:  # transformers 4 (its longrope reads the switch from the config itself)
+        config.rope_scaling, config.original_max_position_embeddings = rope, longest
     sensitive = Qwen2ForCausalLM(config).to(next(model.parameters()).dtype).eval()
     sensitive.load_state_dict(model.state_dict())
     return sensitive
