@@ -22,7 +22,7 @@ from minigrpo.grading import run_check
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.reports.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
 from minigrpo.grading.reports.files import write_text
-from minigrpo.grading.reports.gradescope import exercise_ids, results, write_autograder
+from minigrpo.grading.reports.gradescope import autograder_command, exercise_ids, results, write_autograder
 from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "gradescope_results.schema.json").read_text())
@@ -214,6 +214,14 @@ def wheel(tmp_path):
     path = tmp_path / f"minigrpo-{__version__}-py3-none-any.whl"
     path.write_bytes(b"a wheel's bytes")
     return path
+
+
+def test_an_autograder_made_for_a_renumbered_exercise_says_how_to_move_a_running_course(wheel, tmp_path, capsys):
+    assert autograder_command("08_one_grpo_step", str(wheel), str(tmp_path / "ag.zip")) == 0  # a former id
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "for exercise 10_one_grpo_step (9 points)" in printed
+    assert "Exercise 10_one_grpo_step was 08_one_grpo_step before minigrpo 0.3.0" in printed
+    assert "upload this zip to the assignment of 08_one_grpo_step" in printed
 
 
 def test_the_autograder_zip_holds_executable_scripts_and_this_versions_wheel_at_its_root(wheel, tmp_path):
