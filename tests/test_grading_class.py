@@ -196,6 +196,8 @@ def test_every_renumbered_exercise_is_known_by_its_former_id(exercise_):
     assert identify(this_version, f"Copy of {exercise_.formerly}.ipynb", [], __version__).warnings == [note]
     unstamped = identify({}, f"{exercise_.formerly} (1).ipynb", [], __version__)
     assert (unstamped.exercise, unstamped.by, unstamped.warnings) == (exercise_, "file name", [note])
+    in_a_folder_so_named = identify({}, f"{exercise_.formerly}/{exercise_.id}.ipynb", [], __version__)
+    assert (in_a_folder_so_named.exercise, in_a_folder_so_named.warnings) == (exercise_, [])
     assert exercise_ids([exercise_.formerly]) == [exercise_.id]  # an autograder zip made before the renumbering
     changed = {**old_handout["minigrpo"], "revision": exercise_.revision + 1}
     assert identify({"minigrpo": changed}, "x.ipynb", [], __version__).refusal is not None  # the contract still holds

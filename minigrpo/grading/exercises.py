@@ -202,7 +202,8 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
             "ignored"
         )
     if named is not None:
-        if named.formerly is not None and named.id not in str(path).lower() and named.formerly in str(path).lower():
+        name = PurePath(path).name.lower()
+        if named.formerly is not None and named.id not in name and named.formerly in name:
             warnings.append(renumbered(named.formerly, named))
         return Identity(named, "file name", warnings=warnings)
     by_checks = from_checks(called)
