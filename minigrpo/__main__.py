@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a zip for Gradescope: setup.sh (CPU torch and minigrpo from WHEEL, this very version) and "
         "run_autograder (grade the submission, write results.json).",
     )
-    autograder.add_argument("exercise", help="the exercise's id or number (02 or 02_group_relative_advantages)")
+    autograder.add_argument("exercise", help="the exercise's id or number (04 or 04_group_relative_advantages)")
     autograder.add_argument(
         "--wheel", required=True, help="minigrpo's wheel, this version (pip wheel --no-deps -w dist . in the checkout)"
     )

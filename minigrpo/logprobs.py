@@ -36,7 +36,7 @@ def selective_log_softmax(
     returns       | (R,)    | log p_index = z_index - logsumexp(z), in fp32
     with_entropy  |         | also return H = -sum_v p_v log p_v, (R,) fp32
 
-    Every log-prob the package computes comes from here: lesson 02b and exercise 03
+    Every log-prob the package computes comes from here: lesson 02b and exercise 01
     teach it, and the update (completion_logps) and sampling-time scoring (pi_old,
     pi_ref: per_token_logps) reach it through project_to_logps, chunk by chunk of
     positions.

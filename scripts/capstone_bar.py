@@ -5,7 +5,7 @@
 
 Each seed draws the run as the grader's seed does: torch's seed, the training problems and the 200 held-out problems
 (`capstone_learning_data`). Prints the greedy accuracy on the held-out problems before and after each seed's run, its
-rise and its time, then the worst rise: exercise 15's bar (minigrpo.grading.checks.labs.CAPSTONE_LEARNING) must
+rise and its time, then the worst rise: exercise 12's bar (minigrpo.grading.checks.labs.CAPSTONE_LEARNING) must
 sit below it. One thread per run, as the grader runs the tiny model. The grader draws 31-bit seeds: any seed is one it
 may draw (`--seeds 438317370 1433166778`).
 """

@@ -28,7 +28,7 @@ checkout: the wheel is tested, as a learner installs it), in quick mode (the roo
   lesson;
 - lesson08: lesson 08 without TRL (every cell runs; the cells that need TRL print course.TRL_MISSING and nothing else;
   the other checked cells print what the notebook holds), then through nbval in the environment with TRL;
-- capstone: `python -m minigrpo grade` on solutions/15_grpo_from_scratch.ipynb earns full marks.
+- capstone: `python -m minigrpo grade` on solutions/12_grpo_from_scratch.ipynb earns full marks.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ CACHE = Path(os.environ.get("MINIGRPO_CACHE", Path.home() / ".cache" / "minigrpo
 # The test tools the leg runs (not Colab's: Colab has no pytest), at pyproject.toml's test extra's bounds.
 TEST_TOOLS = ("pytest", "pytest-xdist", "nbval", "nbclient", "nbformat", "ipykernel")
 LESSON_08 = "notebooks/08_from_minigrpo_to_trl.ipynb"
-CAPSTONE = "solutions/15_grpo_from_scratch.ipynb"
+CAPSTONE = "solutions/12_grpo_from_scratch.ipynb"
 COPIED = ("tests", "notebooks", "solutions", "conftest.py", "pyproject.toml")  # what the parts read; no minigrpo/
 NEEDS_TRL = "if trl is None:"  # how a line of each cell of lesson 08 that needs TRL begins (its guard)
 CHECK = "# NBVAL_CHECK_OUTPUT"

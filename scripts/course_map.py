@@ -38,7 +38,7 @@ OPTIONAL = {"05_ppo_vs_grpo.ipynb"}  # a detour the course reads correctly witho
 # The work-through estimate's assumptions (not measurements; the map says so beside the figures)
 STUDY_FACTOR = 2  # study time per minute of reading: running the cells, the maths by hand, the questions
 EXERCISE_MINUTES = 30  # one graded exercise: a function or two, its checks, its hints
-CAPSTONE = "15_grpo_from_scratch.ipynb"
+CAPSTONE = "12_grpo_from_scratch.ipynb"
 CAPSTONE_MINUTES = 180  # every stage from scratch, then a training run graded on learning
 TIME_LINE = re.compile(r"\*\*Time:\*\* about (\d+) minutes to read(.*?)(?:\n\n|$)", re.S)
 RUN_TIME = re.compile(r"\babout (a|\d+(?:\.\d+)?) (second|minute)s? on two CPU cores")
@@ -154,11 +154,29 @@ def render(course: list[Lesson], questions: dict[str, str]) -> str:
     return "\n".join(rows)
 
 
+def first_links(course: list[Lesson]) -> list[str]:
+    """The exercises in the order the course reaches them: each at the first lesson that links it."""
+    order: list[str] = []
+    for lesson in course:
+        order += [name for name in lesson.exercises if name not in order]
+    return order
+
+
+def numbering_problems(course: list[Lesson]) -> list[str]:
+    """Exercise numbers follow the course: the k-th exercise the lessons reach is numbered k (01, 02, ...)."""
+    return [
+        f"exercises/{name} is exercise {k} in the order the lessons reach them: number it {k:02d}"
+        for k, name in enumerate(first_links(course), start=1)
+        if not name.startswith(f"{k:02d}_")
+    ]
+
+
 def problems(root: Path = ROOT) -> list[str]:
-    """What disagrees: a lesson whose Time line is more than 5 minutes from its words' count or states no run time, a
-    README whose map is not render()'s."""
+    """What disagrees: a lesson whose Time line is more than 5 minutes from its words' count or states no run time, an
+    exercise numbered out of the course's order, a README whose map is not render()'s."""
     course = lessons(root)
-    found = [
+    found = numbering_problems(course)
+    found += [
         f"notebooks/{lesson.name}: its Time line says {lesson.stated_minutes} minutes to read; its "
         f"{lesson.words} words make {lesson.counted_minutes:.0f}"
         for lesson in course

@@ -28,6 +28,8 @@ _.min_new_tokens  # bench/: a GenerationConfig field, read by generate
 _.pre_tokenizer  # tokenization.py: the parts of a `tokenizers` pipeline, and the tokenizer's chat template
 _.decoder
 _.chat_template
+_.rope_scaling  # grading/checks/labs.py: transformers 4's Qwen2Config fields, read by its rotary embedding
+_.original_max_position_embeddings
 
 # --- peft, nbclient and the standard library read them -------------------------------------------------------------
 _.task_type  # ppo.py: a LoraConfig field, read by peft's inject_adapter_in_model

@@ -19,7 +19,7 @@ so cells that scripts/stamp_colab.py added to a solution carry over.
 
 Every solution and exercise is stamped with its exercise and the package's version
 (metadata["minigrpo"], `minigrpo.grading.exercises.Exercise.stamp`): the grader
-knows a renamed copy ("Copy of 02_...ipynb") by it, and knows a handout of another
+knows a renamed copy ("Copy of 04_...ipynb") by it, and knows a handout of another
 version. The script writes the stamp into solutions/ too, so a new version (or a
 changed check) means running it again; --check fails until then.
 """

@@ -1,4 +1,4 @@
-"""Exercise 15, the capstone: the solution's code earns every exactness point, planted mistakes lose them.
+"""Exercise 12, the capstone: the solution's code earns every exactness point, planted mistakes lose them.
 
 The functions come from the solution notebook itself (its `def` cells); each planted mistake is one edit of that
 source, so the tests follow the notebook. Exactness checks run here, in this process, on the tiny Qwen (seconds);
@@ -31,7 +31,7 @@ from minigrpo.grading.framework import Mismatch, case_seed, drawn_from, judged_c
 from minigrpo.tasks.arithmetic import is_test_problem
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "solutions" / "15_grpo_from_scratch.ipynb"
+SOLUTION = ROOT / "solutions" / "12_grpo_from_scratch.ipynb"
 CELLS = [c.source for c in nbformat.read(SOLUTION, as_version=4).cells if c.cell_type == "code"]
 DEFINITIONS = "\n\n".join(c for c in CELLS if c.lstrip().startswith("def "))
 FUNCTIONS = {
@@ -76,6 +76,12 @@ NO_MASK = (
 NO_RATIO = ("ratio = torch.exp(logps - old_logps)", "ratio = torch.exp(logps - logps.detach())")
 WRONG_SCALE = ("(loss * weight).backward()", "loss.backward()")
 NO_STEP = ("        optimizer.step()\n", "")
+NO_CLIP = (
+    "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)",
+    "grad_norm = torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]).norm()",
+)
+RIGHT_PADDED = ('padding=True, padding_side="left"', 'padding=True, padding_side="right"')
+NO_POSITION_IDS = ("position_ids=positions, ", "")
 
 
 def test_the_capstone_checks_are_the_notebook_s():
@@ -97,8 +103,10 @@ def test_the_solution_earns_every_exactness_point(check):
         ("check_capstone_loss", FLIPPED_IN_LOSS, "the sign"),
         ("check_capstone_loss", NO_MASK, "the mask"),
         ("check_capstone_loss", NO_RATIO, "the ratio"),
+        ("check_capstone_sampler", RIGHT_PADDED, "pad prompts on the LEFT"),
+        ("check_capstone_logps", NO_POSITION_IDS, "pass position_ids"),
     ],
-    ids=["advantage-sign", "loss-sign", "no-mask", "no-ratio"],
+    ids=["advantage-sign", "loss-sign", "no-mask", "no-ratio", "right-padding", "no-position-ids"],
 )
 def test_a_planted_mistake_loses_points_with_the_hint_that_names_it(check, edit, hint):
     result = grade(check, solution(edit))
@@ -149,9 +157,15 @@ def test_a_loop_that_never_steps_loses_the_update_points():
     assert result.points == 0 and "optimizer took 0 step(s)" in result.cases[0].message
 
 
+def test_an_update_without_the_gradient_clip_loses_the_clipping_point():
+    result = grade("check_capstone_update", solution(NO_CLIP))
+    kept, clipped = result.cases
+    assert kept.passed and not clipped.passed and "clip_grad_norm_(max_grad_norm)" in clipped.message
+
+
 def test_a_wrong_accumulation_scale_loses_the_update_points():
     result = grade("check_capstone_update", solution(WRONG_SCALE))
-    assert result.points == 0 and "weights differ" in result.cases[0].message
+    assert result.points < result.max_points and "weights differ" in result.cases[0].message
 
 
 def test_a_flipped_advantage_stops_learning_and_loses_the_learning_points(monkeypatch):

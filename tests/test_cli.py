@@ -149,10 +149,10 @@ def test_grade_refuses_an_empty_student_name_before_it_grades(capsys, tmp_path):
 
 def test_grade_makes_the_folders_its_outputs_go_in(capsys, tmp_path):
     (tmp_path / "class").mkdir()
-    (tmp_path / "class" / "02_mine.ipynb").write_text("not a notebook")  # unreadable: no kernel starts
+    (tmp_path / "class" / "04_mine.ipynb").write_text("not a notebook")  # unreadable: no kernel starts
     outputs = ["--csv", "new/grades.csv", "--checks-csv", "new/checks.csv", "--gradescope", "gs/results.json"]
     assert main(["grade", "class", *outputs, "--feedback", "feedback"]) == 0
-    for written in ("new/grades.csv", "new/checks.csv", "gs/results.json", "feedback/02_mine.md"):
+    for written in ("new/grades.csv", "new/checks.csv", "gs/results.json", "feedback/04_mine.md"):
         assert (tmp_path / written).is_file(), written
 
 

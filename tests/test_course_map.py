@@ -20,6 +20,17 @@ def test_the_readme_map_and_every_lessons_reading_time_agree_with_the_lessons():
     assert course_map.problems() == [], "run python scripts/course_map.py --write, or fix the lesson's Time line"
 
 
+def test_exercise_numbers_rise_along_the_course_map():
+    reached = course_map.first_links(course_map.lessons())
+    assert [name[:2] for name in reached] == [f"{k:02d}" for k in range(1, len(reached) + 1)]
+    assert reached[-1] != course_map.CAPSTONE  # the capstone is numbered where 04b first links it, not last
+    swapped = [course_map.Lesson("03_x.ipynb", 0, 0, "", ("02_b.ipynb", "01_a.ipynb"))]
+    assert course_map.numbering_problems(swapped) == [
+        "exercises/02_b.ipynb is exercise 1 in the order the lessons reach them: number it 01",
+        "exercises/01_a.ipynb is exercise 2 in the order the lessons reach them: number it 02",
+    ]
+
+
 def test_a_stated_reading_time_is_the_words_at_150_a_minute_within_5_minutes(tmp_path):
     lesson = course_map.Lesson("x.ipynb", 3208, 20, "", ())
     assert lesson.counted_minutes == pytest.approx(21.387, abs=1e-3)
@@ -39,10 +50,10 @@ def test_the_totals_are_the_sums_of_the_rows():
     course = [
         course_map.Lesson("00_a.ipynb", 1500, 10, "about 30 seconds on two CPU cores", ()),
         course_map.Lesson(
-            "05_ppo_vs_grpo.ipynb", 3000, 20, "about 30 minutes on two CPU cores", ("07_gae_for_ppo.ipynb",)
+            "05_ppo_vs_grpo.ipynb", 3000, 20, "about 30 minutes on two CPU cores", ("13_gae_for_ppo.ipynb",)
         ),
         course_map.Lesson(
-            "06_b.ipynb", 9000, 60, "about 2.5 minutes on two CPU cores", ("07_gae_for_ppo.ipynb", course_map.CAPSTONE)
+            "06_b.ipynb", 9000, 60, "about 2.5 minutes on two CPU cores", ("13_gae_for_ppo.ipynb", course_map.CAPSTONE)
         ),
     ]
     table = course_map.render(course, {"00_a.ipynb": "why?"})
@@ -50,13 +61,13 @@ def test_the_totals_are_the_sums_of_the_rows():
     assert rows[2] == (
         "| [`00_a`](notebooks/00_a.ipynb) | why? | none | 10 min | 20 min | about 30 seconds on two CPU cores |"
     )
-    assert rows[3].startswith("| [`05_ppo_vs_grpo`](notebooks/05_ppo_vs_grpo.ipynb) (optional) |  | [07](exercises/")
+    assert rows[3].startswith("| [`05_ppo_vs_grpo`](notebooks/05_ppo_vs_grpo.ipynb) (optional) |  | [13](exercises/")
     totals, estimate = rows[-3], rows[-1]
     assert totals.startswith("Reading, every lesson: 1 h 30 min (1 h 10 min without the optional lesson 05)")
     assert "running every lesson's code: about 33 min (3 min without lesson 05) on two CPU cores" in totals
     assert "2 graded exercises" in totals
     # 2 x reading + 30 min per exercise, 3 h for the capstone, each counted at the first lesson that links it:
-    # 00: 2 x 10 = 20; 05: 2 x 20 + 30 = 70 (07); 06: 2 x 60 + 180 = 300 (07 counted already, 15 the capstone)
+    # 00: 2 x 10 = 20; 05: 2 x 20 + 30 = 70 (13); 06: 2 x 60 + 180 = 300 (13 counted already, 12 the capstone)
     assert course_map.work_minutes(course) == {"00_a.ipynb": 20, "05_ppo_vs_grpo.ipynb": 70, "06_b.ipynb": 300}
     assert "| 1 h 10 min |" in rows[3] and "| 5 h 00 min |" in rows[4]
     assert "To work through the course: about 6 h 30 min (5 h 20 min without lesson 05), an estimate" in estimate

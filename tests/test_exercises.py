@@ -84,8 +84,8 @@ def test_a_cell_tagged_solution_only_stays_out_of_the_exercise():
 
 def test_the_capstone_links_the_single_file_example_in_its_solution_only():
     link = "examples/grpo_single_file.py"
-    assert link in SOLUTIONS.joinpath("15_grpo_from_scratch.ipynb").read_text()
-    assert link not in EXERCISES.joinpath("15_grpo_from_scratch.ipynb").read_text()
+    assert link in SOLUTIONS.joinpath("12_grpo_from_scratch.ipynb").read_text()
+    assert link not in EXERCISES.joinpath("12_grpo_from_scratch.ipynb").read_text()
 
 
 @pytest.mark.parametrize(

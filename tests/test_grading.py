@@ -29,6 +29,7 @@ from minigrpo.logprobs import masked_mean
 from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
 from minigrpo.ppo import compute_gae
 from minigrpo.rollout import completion_mask_from_eos
+from minigrpo.run.schedule import lr_at
 from minigrpo.tasks.arithmetic import WORKED_EXAMPLE_REWARDS, extract_answer, graded_reward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,8 +115,10 @@ def fill_batch_overshooting(generate_round, num_groups_wanted, max_rounds):
     return kept, rounds
 
 
-def make_grpo_step(scale_rewards=None):
-    """The solution's GRPO step; scale_rewards="batch" plants the std-over-the-batch bug."""
+def make_grpo_step(scale_rewards=None, clip=True, scale_micro_batches=True):
+    """The solution's micro-batched GRPO step; each argument plants one mistake: scale_rewards="batch" the
+    std-over-the-batch bug, clip=False no gradient clip, scale_micro_batches=False every micro-batch's loss summed
+    unscaled."""
     from minigrpo import compute_rewards, grpo_loss, per_token_logps, repeat_for_group, sample_group_rollout
 
     def grpo_step(model, ref_model, tokenizer, optimizer, batch, reward_funcs, config):
@@ -133,16 +136,28 @@ def make_grpo_step(scale_rewards=None):
         advantages = group_relative_advantages(
             rewards.view(-1, G), scale_rewards or config.scale_rewards, "mean", config.std_ddof
         ).flatten()
-        T = rollout.completion_ids.shape[1]
-        logps, _ = per_token_logps(model, rollout.input_ids, rollout.attention_mask, T, config.temperature)
-        loss, _ = grpo_loss(
-            logps, rollout.old_per_token_logps, rollout.ref_per_token_logps, advantages, rollout.completion_mask, config
-        )
+        N, T = rollout.completion_ids.shape
+        size = config.per_device_train_batch_size
+        micro = [slice(start, start + size) for start in range(0, N, size)]
+        scale = 1.0 if config.loss_type == "dapo" or not scale_micro_batches else 1.0 / len(micro)
         optimizer.zero_grad()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        step_loss = 0.0
+        for rows in micro:
+            logps, _ = per_token_logps(model, rollout.input_ids[rows], rollout.attention_mask[rows], T, 1.0)
+            old, ref = (
+                None if x is None else x[rows] for x in (rollout.old_per_token_logps, rollout.ref_per_token_logps)
+            )
+            loss, _ = grpo_loss(
+                logps, old, ref, advantages[rows], rollout.completion_mask[rows], config, rollout.completion_mask.sum()
+            )
+            (loss * scale).backward()
+            step_loss += loss.item() * scale
+        if clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm).item()
+        else:
+            grad_norm = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).norm().item()
         optimizer.step()
-        return {"loss": loss.item(), "reward": rewards.mean().item(), "grad_norm": grad_norm.item()}
+        return {"loss": step_loss, "reward": rewards.mean().item(), "grad_norm": grad_norm}
 
     return grpo_step
 
@@ -186,6 +201,11 @@ CHECKS = {
     "check_clip_fractions": (clip_fractions, clip_fractions_any_sign, "low needs A < 0"),
     "check_failure_modes": (lambda: RIGHT_ANSWERS, lambda: {**RIGHT_ANSWERS, "D": "shifted_logps"}, "std about 1"),
     "check_grpo_step": (make_grpo_step(), make_grpo_step("batch"), "group_relative_advantages"),
+    "check_lr_at": (
+        lambda step, config, max_steps: lr_at(step, config, max_steps),
+        lambda step, config, max_steps: lr_at(step, config.replace(warmup_steps=0), max_steps),
+        "W warm-up steps",
+    ),
     "check_kl_loss_gradient": (
         expected_kl_loss_gradient,
         lambda e, z, z_ref: expected_kl_loss_gradient("k2" if e == "k3" else e, z, z_ref),
@@ -203,7 +223,7 @@ CHECKS = {
 
 
 def test_every_check_is_tested_here():
-    """The capstone's checks (exercise 15) are tested in tests/test_capstone.py, on the solution notebook's code."""
+    """The capstone's checks (exercise 12) are tested in tests/test_capstone.py, on the solution notebook's code."""
     capstone = {name for name in grading.CASES if name.startswith("check_capstone_")}
     assert set(CHECKS) == set(grading.CASES) - capstone and capstone
 
@@ -269,7 +289,7 @@ def test_a_completion_mask_of_bools_or_floats_earns_full_marks_and_the_package_s
 
 
 def test_the_package_s_dynamic_sampling_earns_none(capsys):
-    """Exercise 14's learner function has the package's name, informative_groups: passing the package's own (or
+    """Exercise 15's learner function has the package's name, informative_groups: passing the package's own (or
     the zero_std_groups it negates) earns 0, and so does a refill loop built on it."""
     assert grading.check_informative_groups(informative_groups).points == 0
     assert grading.check_informative_groups(lambda grouped: ~zero_std_groups(grouped)).points == 0
@@ -340,7 +360,7 @@ def test_a_check_remembers_the_function_and_under_the_grader_only_that(monkeypat
     assert "runs its cases outside the notebook" in capsys.readouterr().out
 
 
-# Each answer of exercise 10 and the diagnostics at step 1 that show it, and show nothing else: a run matches the
+# Each answer of exercise 14 and the diagnostics at step 1 that show it, and show nothing else: a run matches the
 # signature of its own answer and of no other one (so each answer can be read off the run, not found by elimination).
 SIGNATURES = {
     "shifted_logps": lambda m: (
@@ -488,7 +508,30 @@ def run_grade(*args) -> subprocess.CompletedProcess:
 # Graded beside every solution: a plain function check and the capstone (a model, training and the own-code check in
 # the kernel). Every exercise holds stubs only (test_exercises.py reads them all); grading these two shows that stubs
 # score 0 on every kind of check, at a fraction of the time all fifteen take (the suite's longest test).
-SAMPLED_EXERCISES = ("02_group_relative_advantages", "15_grpo_from_scratch")
+SAMPLED_EXERCISES = ("04_group_relative_advantages", "10_one_grpo_step", "12_grpo_from_scratch")
+
+
+def _grpo_step_case(name_starts: str):
+    return next(c for c in grading.CASES["check_grpo_step"]() if c.name.startswith(name_starts))
+
+
+@pytest.mark.parametrize(
+    "case, shortcut",
+    [
+        ("max_grad_norm", {"clip": False}),
+        ("loss_type grpo", {"scale_micro_batches": False}),
+        ("loss_type dr_grpo", {"scale_micro_batches": False}),
+    ],
+    ids=["no-clip-on-the-clipping-case", "unscaled-micro-batches-grpo", "unscaled-micro-batches-dr_grpo"],
+)
+def test_a_grpo_step_that_skips_what_the_exercise_asks_loses_the_case_that_needs_it(case, shortcut):
+    """Each shortcut is right where it changes nothing (the clip on a gradient below max_grad_norm, the scale with one
+    micro-batch): the case that needs it fails it, with the hint that names it, and the solution's step passes it."""
+    chosen = _grpo_step_case(case)
+    assert grading.run_case(chosen, make_grpo_step()).passed
+    result = grading.run_case(chosen, make_grpo_step(**shortcut))
+    assert not result.passed
+    assert ("clip_grad_norm_" if "clip" in shortcut else "1 / (number of micro-batches)") in result.message
 
 
 def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
@@ -523,6 +566,12 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
         lost = [f"{r['check']}: {r['lost_points']}" for r in rows if r["path"] == notebook["path"] and r["lost_points"]]
         assert notebook["points"] == notebook["max_points"] > 0, (notebook["exercise"], lost)
         assert notebook["errors"] == [], notebook
+    (capstone,) = [n for n in solutions if n["exercise"] == "12_grpo_from_scratch"]
+    (learns,) = [c for c in capstone["checks"] if c["check"] == "check_capstone_learns"]
+    assert re.fullmatch(
+        r"held-out accuracy 0\.\d+ -> 0\.\d+ \(\+0\.\d+\) in 80 steps; the bar is \+0\.060",
+        learns["cases"][0]["message"],
+    )
     for notebook in exercises:
         assert notebook["points"] == 0 and notebook["max_points"] > 0, notebook
         checks = {c["check"] for c in notebook["checks"]}

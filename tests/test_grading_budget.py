@@ -26,7 +26,7 @@ def test_time_needed_is_the_cases_own_limits_and_the_first_answer():
 def test_the_judge_gets_its_checks_own_limits_however_little_of_the_notebook_s_is_left():
     assert judge_budget(["check_kl_k3"], 5.0) == 70 + JUDGE_START_S + JUDGE_MARGIN_S
     assert judge_budget(["check_kl_k3"], 500.0) == 500.0  # more left: all of it
-    capstone = EXERCISES["15_grpo_from_scratch"].checks
+    capstone = EXERCISES["12_grpo_from_scratch"].checks
     own = sum(time_needed(name) for name in capstone)
     assert judge_budget(capstone, 0.0) == own + JUDGE_START_S + JUDGE_MARGIN_S > CAPSTONE_LEARNING["timeout"]
 
@@ -51,7 +51,7 @@ class Local:
 
 @pytest.fixture
 def quick_cases(monkeypatch):
-    """Exercise 02's cases, each with a 1 s limit (a slow case is then one that sleeps 3 s)."""
+    """Exercise 04's cases, each with a 1 s limit (a slow case is then one that sleeps 3 s)."""
     for name in ("check_group_relative_advantages", "check_rloo_advantages"):
         builder = CASES[name]
 

@@ -1,7 +1,7 @@
 """Grading a class: each exercise's checks and fixed maximum, students from the folders, one gradebook row per
 student, honest time, the version contract.
 
-One grading run of a small class in nbgrader's layout (submitted/<student>/ps1/), on exercise 02 (two checks of
+One grading run of a small class in nbgrader's layout (submitted/<student>/ps1/), on exercise 04 (two checks of
 hand-made tensors: the cheapest exercise to judge), two notebooks at a time; the other tests need no kernel.
 """
 
@@ -17,14 +17,15 @@ import nbformat
 import pytest
 
 from minigrpo import __version__, grading
-from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify
+from minigrpo.grading.exercises import EXERCISES, TIME_LIMIT_FACTOR, from_file_name, identify, renumbered
 from minigrpo.grading.framework import AFTER_TIMEOUT
 from minigrpo.grading.reports.gradebook import class_grades, format_scores, json_report, write_gradebook
+from minigrpo.grading.reports.gradescope import exercise_ids
 from minigrpo.grading.reports.layouts import read_layout
 from minigrpo.grading.runner import EMPTY, NOT_FOUND, NotebookReport, Submission, collect, judge_budget
 
 ROOT = Path(__file__).resolve().parents[1]
-EXERCISE = EXERCISES["02_group_relative_advantages"]
+EXERCISE = EXERCISES["04_group_relative_advantages"]
 NAME = f"{EXERCISE.id}.ipynb"
 
 IMPORTS = "import torch\nfrom minigrpo.grading import check_group_relative_advantages, check_rloo_advantages"
@@ -43,7 +44,7 @@ def rloo_advantages(grouped_rewards):
 """
 CHECK_GRPO = "check_group_relative_advantages(group_relative_advantages)"
 CHECK_RLOO = "check_rloo_advantages(rloo_advantages)"
-PASTED = "from minigrpo.grading import check_kl_k3\n\ncheck_kl_k3(lambda a, b: a - b)"  # exercise 05's check
+PASTED = "from minigrpo.grading import check_kl_k3\n\ncheck_kl_k3(lambda a, b: a - b)"  # exercise 06's check
 GRPO_LOOPS = """
 def group_relative_advantages(grouped_rewards, eps=1e-4):
     while True:  # an infinite loop: it never returns
@@ -78,7 +79,7 @@ def graded(tmp_path_factory):
     older = {**current, "version": "0.0.1"}
     # aaron comes first, so his notebook, whose function loops forever when the judge calls it, runs beside the others
     handed_in(submitted, "aaron", NAME, notebook(IMPORTS, GRPO_LOOPS, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=older))
-    # bob renamed his copy and deleted the RLOO check's cell, pasted exercise 05's check, and handed in an empty copy
+    # bob renamed his copy and deleted the RLOO check's cell, pasted exercise 06's check, and handed in an empty copy
     copy = notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, PASTED, stamp=current)
     handed_in(submitted, "bob", f"Copy of {NAME}", copy)
     handed_in(submitted, "bob", f"{EXERCISE.id} (1).ipynb", notebook(stamp=current))
@@ -86,6 +87,14 @@ def graded(tmp_path_factory):
     handed_in(submitted, "dave", NAME, notebook())  # empty, unstamped: known by its file name
     changed = {**current, "version": "0.0.1", "checks": {"check_group_relative_advantages": 4}}
     handed_in(submitted, "erin", NAME, notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=changed))
+    # frank's handout came before the renumbering: exercise 04 under its former id, in its stamp and its file name
+    former = {**current, "exercise": EXERCISE.formerly}
+    handed_in(
+        submitted,
+        "frank",
+        f"{EXERCISE.formerly}.ipynb",
+        notebook(IMPORTS, GRPO, CHECK_GRPO, RLOO, CHECK_RLOO, stamp=former),
+    )
     gradebook = submitted.parent / "grades.csv"
     command = [sys.executable, "-m", "minigrpo", "grade", str(submitted), "--json", "--jobs", "2"]
     command += ["--timeout", str(TIMEOUT), "--csv", str(gradebook), "--checks-csv", str(submitted.parent / "c.csv")]
@@ -125,7 +134,7 @@ def test_a_deleted_check_scores_zero_of_its_points_and_a_pasted_one_is_ignored(g
     assert checks["check_rloo_advantages"]["points"] == 0 and checks["check_rloo_advantages"]["max_points"] == 2
     assert checks["check_rloo_advantages"]["not_run"] == NOT_FOUND
     assert checks["check_group_relative_advantages"]["points"] == 4 and copy["points"] == 4
-    assert any("check_kl_k3 belongs to exercise 05_kl_k3_estimator" in note for note in copy["notes"])
+    assert any("check_kl_k3 belongs to exercise 06_kl_k3_estimator" in note for note in copy["notes"])
 
 
 def test_empty_and_unreadable_notebooks_score_zero_of_the_maximum(graded):
@@ -144,12 +153,12 @@ def test_renamed_copies_grade_as_their_exercise_and_the_best_of_several_counts(g
     assert {n["exercise"] for n in bob} == {EXERCISE.id}
     (grade,) = [s for s in report["students"] if s["student"] == "bob"]
     assert grade["exercises"] == {EXERCISE.id: 4} and grade["points"] == 4  # the copy's 4, not the empty one's 0
-    assert any("2 notebooks of exercise 02" in note and "the best counts" in note for note in grade["notes"])
+    assert any("2 notebooks of exercise 04" in note and "the best counts" in note for note in grade["notes"])
 
 
 def test_the_gradebook_has_one_row_per_student(graded):
     report, _, rows, _ = graded
-    assert [r["student"] for r in rows] == ["aaron", "bob", "carol", "dave", "erin"]
+    assert [r["student"] for r in rows] == ["aaron", "bob", "carol", "dave", "erin", "frank"]
     assert list(rows[0]) == ["student", EXERCISE.id, "total", "max_points"]
     totals = {r["student"]: (r[EXERCISE.id], r["total"], r["max_points"]) for r in rows}
     assert totals["aaron"] == ("2", "2", "6") and totals["bob"] == ("4", "4", "6")
@@ -163,8 +172,41 @@ def test_another_versions_handout_is_graded_with_a_warning_or_refused_when_its_c
     assert any("handed out with minigrpo 0.0.1, graded with minigrpo " + __version__ in n for n in aaron["notes"])
     (erin,) = by_student(report)["erin"]
     assert (erin["status"], erin["points"], erin["max_points"]) == ("refused", 0, 6)
-    assert "whose exercise 02_group_relative_advantages differs from minigrpo " in erin["errors"][0]
+    assert "whose exercise 04_group_relative_advantages differs from minigrpo " in erin["errors"][0]
     assert erin["seconds"] == 0  # refused before any kernel started
+
+
+def test_a_notebook_under_its_former_number_is_graded_under_its_new_one_with_a_note(graded):
+    report, _, rows, _ = graded
+    (frank,) = by_student(report)["frank"]
+    assert (frank["exercise"], frank["points"], frank["max_points"], frank["status"]) == (EXERCISE.id, 6, 6, "ok")
+    assert frank["notes"] == [renumbered(EXERCISE.formerly, EXERCISE)]
+    assert next(r for r in rows if r["student"] == "frank")[EXERCISE.id] == "6"  # the new number's column
+
+
+@pytest.mark.parametrize("exercise_", [e for e in EXERCISES.values() if e.formerly], ids=lambda e: e.id)
+def test_every_renumbered_exercise_is_known_by_its_former_id(exercise_):
+    note = renumbered(exercise_.formerly, exercise_)
+    assert note.startswith(f"exercise {exercise_.formerly} is exercise {exercise_.id} since the exercises were")
+    old_handout = {"minigrpo": {**exercise_.stamp("0.2.0"), "exercise": exercise_.formerly}}
+    stamped = identify(old_handout, f"{exercise_.formerly}.ipynb", [], __version__)
+    assert (stamped.exercise, stamped.by, stamped.refusal) == (exercise_, "metadata", None)
+    assert stamped.warnings[0] == note and "checks are the same in both" in stamped.warnings[1]
+    this_version = {"minigrpo": {**exercise_.stamp(__version__), "exercise": exercise_.formerly}}
+    assert identify(this_version, f"Copy of {exercise_.formerly}.ipynb", [], __version__).warnings == [note]
+    unstamped = identify({}, f"{exercise_.formerly} (1).ipynb", [], __version__)
+    assert (unstamped.exercise, unstamped.by, unstamped.warnings) == (exercise_, "file name", [note])
+    in_a_folder_so_named = identify({}, f"{exercise_.formerly}/{exercise_.id}.ipynb", [], __version__)
+    assert (in_a_folder_so_named.exercise, in_a_folder_so_named.warnings) == (exercise_, [])
+    assert exercise_ids([exercise_.formerly]) == [exercise_.id]  # an autograder zip made before the renumbering
+    changed = {**old_handout["minigrpo"], "revision": exercise_.revision + 1}
+    assert identify({"minigrpo": changed}, "x.ipynb", [], __version__).refusal is not None  # the contract still holds
+
+
+def test_every_exercise_has_one_former_id_and_no_two_share_one():
+    formers = [e.formerly for e in EXERCISES.values()]
+    assert len(set(formers)) == len(formers) == 15 and not set(formers) & set(EXERCISES)
+    assert sorted(f[:2] for f in formers) == sorted(e.number for e in EXERCISES.values())
 
 
 def test_a_function_that_loops_costs_its_own_check_within_the_notebooks_limit(graded):
@@ -183,9 +225,9 @@ def test_a_function_that_loops_costs_its_own_check_within_the_notebooks_limit(gr
 def test_progress_counts_the_graded_notebooks_and_names_their_students(graded):
     report, stderr, _, _ = graded
     lines = stderr.splitlines()
-    counts = [int(m.group(1)) for line in lines if (m := re.match(r"(\d+)/6 graded: (\w+) ", line))]
-    assert counts == list(range(1, 7))
-    assert any(line.startswith("6/6 graded: ") for line in lines)
+    counts = [int(m.group(1)) for line in lines if (m := re.match(r"(\d+)/7 graded: (\w+) ", line))]
+    assert counts == list(range(1, 8))
+    assert any(line.startswith("7/7 graded: ") for line in lines)
 
 
 CALLS_ITS_CHECK = "check_kl_k3(kl_k3)"  # a NameError (nothing imported): the notebook is run, and judged on time
@@ -204,10 +246,10 @@ def hanging_cells(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hanging")
     submissions = []
     for student, hang in [("stops", STOPS), ("will_not_stop", WILL_NOT_STOP)]:
-        path = folder / student / "05_kl_k3_estimator.ipynb"
+        path = folder / student / "06_kl_k3_estimator.ipynb"
         path.parent.mkdir()
         nb = notebook(hang, IMPORT_FAILS, "after = 1", CALLS_ITS_CHECK)
-        nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Exercise 05: not a cell the learner counts"))
+        nb.cells.insert(0, nbformat.v4.new_markdown_cell("# Exercise 06: not a cell the learner counts"))
         nbformat.write(nb, path)
         submissions.append(Submission(path, student))
     lines = []
@@ -242,7 +284,7 @@ def test_a_cell_that_does_not_stop_when_interrupted_ends_the_notebook_saying_it_
 def test_running_lines_come_at_least_every_heartbeat_while_notebooks_run(hanging_cells):
     _, lines = hanging_cells
     running = [line for line in lines if line.startswith("0/2 graded; running: ")]
-    assert len(running) >= 3 and "stops 05_kl_k3_estimator.ipynb (" in running[0]
+    assert len(running) >= 3 and "stops 06_kl_k3_estimator.ipynb (" in running[0]
     assert [line.split(":")[0] for line in lines if " graded: " in line] == ["1/2 graded", "2/2 graded"]
 
 
@@ -265,12 +307,12 @@ def test_the_default_limit_is_three_times_the_solutions_grading_time_and_help_sh
     with pytest.raises(SystemExit):
         build_parser().parse_args(["grade", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert f"02 {EXERCISE.time_limit} s" in help_text and "3x the time its solution takes to grade" in help_text
+    assert f"04 {EXERCISE.time_limit} s" in help_text and "3x the time its solution takes to grade" in help_text
 
 
 @pytest.mark.parametrize(
     "name",
-    [NAME, f"Copy of {NAME}", f"{EXERCISE.id} (1).ipynb", f"{EXERCISE.id}-Copy1.ipynb", "02_mine.ipynb"],
+    [NAME, f"Copy of {NAME}", f"{EXERCISE.id} (1).ipynb", f"{EXERCISE.id}-Copy1.ipynb", "04_mine.ipynb"],
 )
 def test_renamed_file_names_name_their_exercise(name):
     assert from_file_name(name) is EXERCISE
@@ -283,12 +325,12 @@ def test_other_file_names_name_no_exercise(name):
 
 def test_identity_comes_from_the_stamp_then_the_file_name_then_the_checks():
     stamp = {"minigrpo": EXERCISE.stamp(__version__)}
-    by_stamp = identify(stamp, "05_kl_k3_estimator.ipynb", [], __version__)
+    by_stamp = identify(stamp, "06_kl_k3_estimator.ipynb", [], __version__)
     assert (by_stamp.exercise, by_stamp.by) == (EXERCISE, "metadata")
-    assert "file name says exercise 05_kl_k3_estimator" in by_stamp.warnings[0]
-    assert identify({}, "Copy of 02_x.ipynb", ["check_kl_k3"], __version__).exercise is EXERCISE
+    assert "file name says exercise 06_kl_k3_estimator" in by_stamp.warnings[0]
+    assert identify({}, "Copy of 04_x.ipynb", ["check_kl_k3"], __version__).exercise is EXERCISE
     by_checks = identify({}, "mine.ipynb", ["check_kl_k3"], __version__)
-    assert (by_checks.exercise.id, by_checks.by) == ("05_kl_k3_estimator", "checks")
+    assert (by_checks.exercise.id, by_checks.by) == ("06_kl_k3_estimator", "checks")
     unknown = identify({}, "mine.ipynb", ["check_kl_k3", "check_rloo_advantages"], __version__)
     assert unknown.exercise is None and "left out of the gradebook" in unknown.warnings[0]
 
@@ -297,7 +339,7 @@ def test_the_version_contract_warns_when_checks_match_and_refuses_when_they_chan
     same = identify({"minigrpo": {**EXERCISE.stamp("0.0.1")}}, NAME, [], "9.9.9")
     assert same.refusal is None
     assert same.warnings == [
-        "handed out with minigrpo 0.0.1, graded with minigrpo 9.9.9: exercise 02_group_relative_advantages's checks "
+        "handed out with minigrpo 0.0.1, graded with minigrpo 9.9.9: exercise 04_group_relative_advantages's checks "
         "are the same in both"
     ]
     renamed = {**EXERCISE.stamp("0.0.1"), "checks": {"check_group_relative_advantages": 4, "check_rloo": 2}}
@@ -311,13 +353,13 @@ def test_a_refusal_names_what_differs_and_what_to_do():
     revised = {**EXERCISE.stamp("9.9.9"), "revision": EXERCISE.revision + 1}  # this very version, another revision
     assert identify({"minigrpo": revised}, NAME, [], "9.9.9").refusal == (
         "handed out with minigrpo 9.9.9, this very version, but another copy of it, whose exercise "
-        f"02_group_relative_advantages differs from this copy's (revision {EXERCISE.revision + 1} in the handout, "
+        f"04_group_relative_advantages differs from this copy's (revision {EXERCISE.revision + 1} in the handout, "
         f"{EXERCISE.revision} here: what the learner writes changed): grade it with the copy of minigrpo 9.9.9 that "
         "made the handout, or hand out this copy's exercise (python scripts/make_exercises.py writes it)"
     )
     renamed = {**EXERCISE.stamp("0.0.1"), "checks": {"check_group_relative_advantages": 3, "check_rloo": 2}}
     assert identify({"minigrpo": renamed}, NAME, [], "9.9.9").refusal == (
-        "handed out with minigrpo 0.0.1, whose exercise 02_group_relative_advantages differs from minigrpo 9.9.9's "
+        "handed out with minigrpo 0.0.1, whose exercise 04_group_relative_advantages differs from minigrpo 9.9.9's "
         "(check_group_relative_advantages: 4 points here, 3 in the handout; check_rloo_advantages: not in the handout; "
         "'check_rloo': in the handout only): grade it with minigrpo 0.0.1, or hand out minigrpo 9.9.9's exercise"
     )
@@ -326,7 +368,7 @@ def test_a_refusal_names_what_differs_and_what_to_do():
     assert "; 'x2': in the handout only; 9 more)" in refusal and len(refusal) < 500
     unversioned = {key: value for key, value in revised.items() if key != "version"}
     refusal = identify({"minigrpo": unversioned}, NAME, [], "9.9.9").refusal
-    assert refusal.startswith("handed out with a minigrpo that stamped no version, whose exercise 02_group_relative")
+    assert refusal.startswith("handed out with a minigrpo that stamped no version, whose exercise 04_group_relative")
     assert refusal.endswith("grade it with the minigrpo that made the handout, or hand out minigrpo 9.9.9's exercise")
 
 
@@ -343,7 +385,7 @@ def students(path, student=None) -> list[str]:
 
 
 def test_students_come_from_nbgraders_layout_a_folder_each_or_the_file_name(tmp_path):
-    lay_out(tmp_path, "submitted/ann/ps1/02_a.ipynb", "folders/ben/02_a.ipynb", "flat/cat.ipynb")
+    lay_out(tmp_path, "submitted/ann/ps1/04_a.ipynb", "folders/ben/04_a.ipynb", "flat/cat.ipynb")
     assert students(tmp_path / "submitted") == ["ann"]
     assert students(tmp_path / "folders") == ["ben"]
     assert students(tmp_path / "flat") == ["cat"]
@@ -398,8 +440,8 @@ def test_regrading_one_student_of_a_class_writes_one_row_and_one_feedback_file_u
 
     for student in ("ann", "eve"):  # no kernel starts: an empty notebook and one that is no notebook
         lay_out(tmp_path / "submitted" / student, f"hw02/{NAME}")
-        (tmp_path / "submitted" / student / "hw05" / "05_kl_k3_estimator.ipynb").parent.mkdir()
-        (tmp_path / "submitted" / student / "hw05" / "05_kl_k3_estimator.ipynb").write_text("not a notebook")
+        (tmp_path / "submitted" / student / "hw05" / "06_kl_k3_estimator.ipynb").parent.mkdir()
+        (tmp_path / "submitted" / student / "hw05" / "06_kl_k3_estimator.ipynb").write_text("not a notebook")
     monkeypatch.chdir(tmp_path)
     outputs = ["--feedback", "fb", "--csv", "eve.csv", "--gradescope", "eve.json"]
     assert main(["grade", "submitted/eve", *outputs]) == 0
@@ -410,16 +452,16 @@ def test_regrading_one_student_of_a_class_writes_one_row_and_one_feedback_file_u
     )
     with open("eve.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["student"], r[EXERCISE.id], r["05_kl_k3_estimator"], r["max_points"]) for r in rows] == [
+    assert [(r["student"], r[EXERCISE.id], r["06_kl_k3_estimator"], r["max_points"]) for r in rows] == [
         ("eve", "0", "0", "9")
     ]
     assert sorted(p.name for p in Path("fb").iterdir()) == ["eve.md"]
     assert "# Feedback for `eve`" in Path("fb/eve.md").read_text()
     results = json.loads(Path("eve.json").read_text())  # one submission: both exercises, every check listed
     assert [t["name"] for t in results["tests"]] == [
-        "02 check_group_relative_advantages",
-        "02 check_rloo_advantages",
-        "05 check_kl_k3",
+        "04 check_group_relative_advantages",
+        "04 check_rloo_advantages",
+        "06 check_kl_k3",
     ]
     assert main(["grade", "submitted/eve/hw02", "--student", "evelyn", "--csv", "evelyn.csv"]) == 0
     assert "layout: --student: every notebook under submitted/eve/hw02 is evelyn's" in capsys.readouterr().err
@@ -442,7 +484,7 @@ def test_class_grades_keep_the_best_of_several_notebooks_and_leave_unknown_ones_
     ann, ben = grades.students
     assert ann.exercises[EXERCISE.id] is reports[1] and ann.points == 3
     assert (
-        "3 notebooks of exercise 02_group_relative_advantages" in ann.notes[0] and "counts, ann/b.ipynb" in ann.notes[0]
+        "3 notebooks of exercise 04_group_relative_advantages" in ann.notes[0] and "counts, ann/b.ipynb" in ann.notes[0]
     )
     assert ben.exercises == {} and "left out of the gradebook" in ben.notes[0]
     write_gradebook(reports, tmp_path / "g.csv")
@@ -471,9 +513,9 @@ def test_an_empty_notebook_is_told_that_nothing_was_handed_in_and_is_not_run(tmp
     empty = lay_out(tmp_path, NAME) / NAME  # saved with no cell at all
     text_only = notebook("   \n")  # a blank code cell, and text
     text_only.cells.insert(0, nbformat.v4.new_markdown_cell("I did not get to it."))
-    nbformat.write(text_only, tmp_path / "05_kl_k3_estimator.ipynb")
+    nbformat.write(text_only, tmp_path / "06_kl_k3_estimator.ipynb")
     started = time.monotonic()
-    reports = grading.grade_notebooks([empty, tmp_path / "05_kl_k3_estimator.ipynb"], timeout=60, jobs=1)
+    reports = grading.grade_notebooks([empty, tmp_path / "06_kl_k3_estimator.ipynb"], timeout=60, jobs=1)
     assert time.monotonic() - started < 5  # no kernel started
     for report in reports:
         assert report.points == 0 and report.max_points > 0 and report.errors == []
@@ -514,14 +556,14 @@ def test_an_import_error_is_said_before_the_name_error_it_causes_in_a_checks_cel
     )
     nb.cells[0].outputs = failed("ImportError", "cannot import name 'kl_k3_mine' from 'minigrpo'")
     nb.cells[2].outputs = failed("NameError", "name 'check_kl_k3' is not defined")
-    report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
+    report = NotebookReport("ann/06_kl_k3_estimator.ipynb", student="ann", exercise="06_kl_k3_estimator")
     collect(nb, {}, report)
     assert report.checks[0]["not_run"] == (
         "ImportError: cannot import name 'kl_k3_mine' from 'minigrpo', in code cell 1 (`import torch`); "
         "this check's cell then raised NameError: name 'check_kl_k3' is not defined"
     )
     nb.cells[0].outputs = []  # no import failed: the NameError is the cell's own error
-    report = NotebookReport("ann/05_kl_k3_estimator.ipynb", student="ann", exercise="05_kl_k3_estimator")
+    report = NotebookReport("ann/06_kl_k3_estimator.ipynb", student="ann", exercise="06_kl_k3_estimator")
     collect(nb, {}, report)
     assert report.checks[0]["not_run"] == "NameError: name 'check_kl_k3' is not defined"
 

@@ -33,11 +33,11 @@ def classroom(tmp_path):
     folder = tmp_path / "class"
     for student in ("jane", "bob", "ann", "eve"):
         (folder / student).mkdir(parents=True)
-    os.symlink(private / "token.txt", folder / "jane" / "05_kl_k3_estimator.ipynb")
-    os.symlink(private / "solved.ipynb", folder / "bob" / "05_kl_k3_estimator.ipynb")
+    os.symlink(private / "token.txt", folder / "jane" / "06_kl_k3_estimator.ipynb")
+    os.symlink(private / "solved.ipynb", folder / "bob" / "06_kl_k3_estimator.ipynb")
     nbformat.write(solved, folder / "ann" / "real.ipynb")
-    os.symlink(folder / "ann" / "real.ipynb", folder / "ann" / "05_kl_k3_estimator.ipynb")
-    (folder / "eve" / "05_kl_k3_estimator.ipynb").write_text(f"not json: {SECRET}")
+    os.symlink(folder / "ann" / "real.ipynb", folder / "ann" / "06_kl_k3_estimator.ipynb")
+    (folder / "eve" / "06_kl_k3_estimator.ipynb").write_text(f"not json: {SECRET}")
     os.symlink(private, folder / "eve" / "linked_folder")  # a folder link: its notebooks are not even listed
     return folder, private
 
@@ -46,17 +46,17 @@ def test_a_link_out_of_the_graded_folder_is_refused_and_one_inside_it_is_read(cl
     folder, private = classroom
     for student in ("jane", "bob"):
         with pytest.raises(NotebookRefused, match="a link to a file outside the graded folder"):
-            read_notebook(folder / student / "05_kl_k3_estimator.ipynb", folder)
+            read_notebook(folder / student / "06_kl_k3_estimator.ipynb", folder)
     with pytest.raises(NotebookRefused, match="outside the graded folder"):
         read_notebook(folder / "eve" / "linked_folder" / "solved.ipynb", folder)  # through a folder link
-    inside = read_notebook(folder / "ann" / "05_kl_k3_estimator.ipynb", folder)
+    inside = read_notebook(folder / "ann" / "06_kl_k3_estimator.ipynb", folder)
     assert inside == (folder / "ann" / "real.ipynb").read_text()
     assert read_notebook(private / "solved.ipynb")  # no folder given (a notebook named alone): read as before
 
 
 def test_a_file_that_does_not_parse_is_reported_by_its_error_type_and_path_only(classroom):
     folder, _ = classroom
-    path = folder / "eve" / "05_kl_k3_estimator.ipynb"
+    path = folder / "eve" / "06_kl_k3_estimator.ipynb"
     nb, reason = _read(path, folder)
     assert nb is None and SECRET not in reason and "not json" not in reason
     assert reason.startswith(f"cannot read {path}: ") and "Error" in reason and "Jupyter's format" in reason
@@ -76,9 +76,9 @@ def test_grading_a_class_with_links_leaks_nothing_and_grades_no_other_file(class
     assert SECRET not in everything and "not json" not in everything
     report = {(n["student"], os.path.basename(n["path"])): n for n in json.loads(out)["notebooks"]}
     for student in ("jane", "bob"):
-        refused = report[(student, "05_kl_k3_estimator.ipynb")]
+        refused = report[(student, "06_kl_k3_estimator.ipynb")]
         assert refused["status"] == "unreadable" and refused["points"] == 0 and refused["max_points"] == 3
         assert "a link to a file outside the graded folder" in refused["errors"][0]
-    assert report[("ann", "05_kl_k3_estimator.ipynb")]["status"] == "ok"  # read through its link, inside the folder
+    assert report[("ann", "06_kl_k3_estimator.ipynb")]["status"] == "ok"  # read through its link, inside the folder
     rows = list(csv.DictReader(gradebook.open()))
     assert {row["student"] for row in rows} == {"ann", "bob", "eve", "jane"}

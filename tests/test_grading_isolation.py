@@ -385,19 +385,19 @@ def test_an_interrupted_run_marks_what_it_did_not_grade_in_every_output(monkeypa
     from minigrpo.grading.reports import gradebook
 
     folder, out = tmp_path / "class", tmp_path / "out"
-    paths = {student: folder / student / "05_kl_k3_estimator.ipynb" for student in ("ann", "bob")}
+    paths = {student: folder / student / "06_kl_k3_estimator.ipynb" for student in ("ann", "bob")}
     for path in paths.values():
         path.parent.mkdir(parents=True)
         path.write_text("{}")
     full = {"check": "check_kl_k3", "points": 3.0, "max_points": 3.0, "cases": []}
-    ann = NotebookReport(str(paths["ann"]), checks=[full], student="ann", exercise="05_kl_k3_estimator")
+    ann = NotebookReport(str(paths["ann"]), checks=[full], student="ann", exercise="06_kl_k3_estimator")
 
     def interrupted(submissions, **options):
         raise runner.GradingInterrupted(signal.SIGTERM, [ann], [paths["bob"]])
 
     monkeypatch.setattr(gradebook, "grade_notebooks", interrupted)
     outputs = ["--csv", str(out / "grades.csv"), "--checks-csv", str(out / "checks.csv")]
-    outputs += ["--feedback", str(out / "feedback"), "--gradescope", str(out / "results.json"), "--exercise", "05"]
+    outputs += ["--feedback", str(out / "feedback"), "--gradescope", str(out / "results.json"), "--exercise", "06"]
     assert main(["grade", str(folder), *outputs]) == 128 + signal.SIGTERM
     assert "Traceback" not in capsys.readouterr().err
     with open(out / "grades.csv", newline="") as f:

@@ -1,4 +1,4 @@
-"""Exercise 13's checks: each known mistake about the KL losses' gradients gets the hint that names it."""
+"""Exercise 09's checks: each known mistake about the KL losses' gradients gets the hint that names it."""
 
 import pytest
 import torch

@@ -3,7 +3,7 @@ class's grading goes on.
 
 Each notebook here is built by hand, as JSON, the way a learner's editor (or a learner) could leave it. The unit
 tests read and grade the ones that start no kernel, in this process; one run of `python -m minigrpo grade`, with
-every output asked for, grades a class holding all of them beside two honest notebooks of exercise 02 (the cheapest
+every output asked for, grades a class holding all of them beside two honest notebooks of exercise 04 (the cheapest
 exercise to judge), two notebooks at a time.
 """
 
@@ -52,7 +52,7 @@ cell of its notebook, and the reason the notebook is unreadable."""
 @pytest.mark.parametrize("case", sorted(NOT_CELLS))
 def test_a_cell_that_is_not_a_cell_makes_its_notebook_unreadable(tmp_path, case):
     cell, reason = NOT_CELLS[case]
-    path = write(tmp_path, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+    path = write(tmp_path, "06_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
     nb, why = _read(path, tmp_path)
     assert nb is None and why == f"cannot read {path}: {reason}"
 
@@ -67,7 +67,7 @@ learner raised might run the second, so the grader cannot say what either cell r
 @pytest.mark.parametrize("case", sorted(TOO_DEEP))
 def test_a_cell_nested_too_deeply_for_the_parser_makes_its_notebook_unreadable(tmp_path, case):
     cell = code("check_kl_k3(kl_k3)\n" + TOO_DEEP[case])
-    path = write(tmp_path, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+    path = write(tmp_path, "06_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
     nb, why = _read(path, tmp_path)
     error = {"nested_minus": "MemoryError", "long_sum": "RecursionError"}[case]
     assert nb is None and why == (
@@ -76,10 +76,10 @@ def test_a_cell_nested_too_deeply_for_the_parser_makes_its_notebook_unreadable(t
     )
 
 
-@pytest.mark.parametrize("stamp", [{"exercise": ["05_kl_k3_estimator"]}, {"exercise": {"id": 5}}, ["05"]])
+@pytest.mark.parametrize("stamp", [{"exercise": ["06_kl_k3_estimator"]}, {"exercise": {"id": 5}}, ["05"]])
 def test_a_stamp_that_names_no_exercises_id_is_ignored_with_a_note(stamp):
-    identity = identify({"minigrpo": stamp}, "05_kl_k3_estimator.ipynb", [], __version__)
-    assert (identity.exercise, identity.by, identity.refusal) == (EXERCISES["05_kl_k3_estimator"], "file name", None)
+    identity = identify({"minigrpo": stamp}, "06_kl_k3_estimator.ipynb", [], __version__)
+    assert (identity.exercise, identity.by, identity.refusal) == (EXERCISES["06_kl_k3_estimator"], "file name", None)
     assert identity.warnings == [
         "its metadata's stamp names no exercise's id (it is not the stamp scripts/make_exercises.py writes): ignored"
     ]
@@ -89,9 +89,9 @@ def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
     """Every notebook here is unreadable or calls no check: no kernel starts."""
     folder = tmp_path / "class"
     for student, (cell, _) in NOT_CELLS.items():
-        write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
+        write(folder / student, "06_kl_k3_estimator.ipynb", notebook_json(code("x = 1"), cell))
     for student, source in TOO_DEEP.items():
-        write(folder / student, "05_kl_k3_estimator.ipynb", notebook_json(code("check_kl_k3(kl_k3)\n" + source)))
+        write(folder / student, "06_kl_k3_estimator.ipynb", notebook_json(code("check_kl_k3(kl_k3)\n" + source)))
     listed = {"nbformat": 4, "nbformat_minor": 4, "cells": [], "metadata": {"minigrpo": {"exercise": ["05"]}}}
     write(folder / "listed", "mine.ipynb", json.dumps(listed))  # names no exercise, calls no check: runs nothing
     assert grade_command(str(folder), as_json=True) == 0
@@ -104,7 +104,7 @@ def test_malformed_notebooks_score_zero_and_the_class_goes_on(tmp_path, capsys):
     for student, report in graded.items():
         assert (report["status"], report["points"], report["max_points"]) == ("unreadable", 0, 3)
         reason = NOT_CELLS[student][1] if student in NOT_CELLS else "cell 0 is nested too deeply"
-        path = folder / student / "05_kl_k3_estimator.ipynb"
+        path = folder / student / "06_kl_k3_estimator.ipynb"
         assert report["errors"][0].startswith(f"cannot read {path}: {reason}")
 
 
@@ -114,7 +114,7 @@ KILLS_ITS_KERNEL = "import os\nos._exit(0)"
 
 def test_what_a_notebook_saved_besides_its_cells_is_never_read(tmp_path):
     saved = code("1 / 0", execution_count=7, outputs=[SAVED_ERROR], metadata={"tags": 5})
-    path = write(tmp_path, "05_kl_k3_estimator.ipynb", notebook_json(code(KILLS_ITS_KERNEL), saved))
+    path = write(tmp_path, "06_kl_k3_estimator.ipynb", notebook_json(code(KILLS_ITS_KERNEL), saved))
     nb, why = _read(path, tmp_path)
     assert why is None and [cell.source for cell in nb.cells] == [KILLS_ITS_KERNEL, "1 / 0"]
     assert all(cell.outputs == [] and cell.execution_count is None and cell.metadata == {} for cell in nb.cells)
@@ -127,7 +127,7 @@ PRESETS_THE_JUDGES_FOLDER = 'import os\nos.makedirs(os.path.join(os.environ["TMP
 @pytest.fixture(scope="module")
 def class_run(tmp_path_factory):
     """Every notebook above in one class folder (a folder per student), beside ann's and ben's honest notebooks of
-    exercise 02, graded once with every output asked for: (exit code, {student: report}, stderr, the outputs' folder).
+    exercise 04, graded once with every output asked for: (exit code, {student: report}, stderr, the outputs' folder).
 
     Four notebooks start a kernel: the two honest ones, one that makes the folder its judge will use (from the TMPDIR
     its kernel is given) and then answers right, and one whose kernel exits before its cell with a saved error runs.
@@ -199,7 +199,7 @@ def test_an_error_no_rule_foresaw_costs_its_notebook_only(tmp_path, capsys, monk
     from minigrpo.grading import runner
 
     folder = tmp_path / "class"
-    write(folder / "ann", "05_kl_k3_estimator.ipynb", notebook_json(code("unforeseen")))
+    write(folder / "ann", "06_kl_k3_estimator.ipynb", notebook_json(code("unforeseen")))
     write(folder / "ben", "mine.ipynb", notebook_json(code("x = 1")))  # no exercise, no check: nothing to run
     expected_checks = runner.expected_checks
 
@@ -214,7 +214,7 @@ def test_an_error_no_rule_foresaw_costs_its_notebook_only(tmp_path, capsys, monk
     ann, ben = reports["ann"], reports["ben"]
     assert (ann["status"], ann["exercise"], ann["points"], ann["max_points"]) == (
         "unreadable",
-        "05_kl_k3_estimator",
+        "06_kl_k3_estimator",
         0,
         3,
     )

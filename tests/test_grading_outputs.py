@@ -22,11 +22,11 @@ from minigrpo.grading import run_check
 from minigrpo.grading.exercises import EXERCISES
 from minigrpo.grading.reports.feedback import check_text, code_block, code_span, feedback_file_name, write_feedback
 from minigrpo.grading.reports.files import write_text
-from minigrpo.grading.reports.gradescope import exercise_ids, results, write_autograder
+from minigrpo.grading.reports.gradescope import autograder_command, exercise_ids, results, write_autograder
 from minigrpo.grading.runner import NOT_FOUND, NotebookReport, Submission
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "gradescope_results.schema.json").read_text())
-EXERCISE = EXERCISES["02_group_relative_advantages"]
+EXERCISE = EXERCISES["04_group_relative_advantages"]
 
 
 def nan_on_equal_rewards(grouped_rewards, eps=1e-4):
@@ -60,7 +60,7 @@ def report(student, name, checks, exercise=EXERCISE.id, **fields) -> NotebookRep
 
 @pytest.fixture(scope="module")
 def reports(records):
-    """ann: two notebooks of exercise 02 (3 + 2 and 0 + 2 points: the first counts); ben: an unreadable one;
+    """ann: two notebooks of exercise 04 (3 + 2 and 0 + 2 points: the first counts); ben: an unreadable one;
     a student whose folder name is Markdown, HTML and an escape sequence."""
     ann_best = report("ann", "02_mine.ipynb", [records["grpo_wrong"], records["rloo"]])
     ann_other = report("ann", "02_old.ipynb", [not_found("check_group_relative_advantages", 4), records["rloo"]])
@@ -100,9 +100,9 @@ def test_one_feedback_file_per_student_with_their_gradebook_row_and_every_notebo
     counted, other = ann.index("Notebook: `02_mine.ipynb`\n"), ann.index("Notebook: `02_old.ipynb` (not counted)")
     assert counted < other  # the notebook that counts comes first
     assert check_text(records["grpo_wrong"]) in ann and f"  did not run: {NOT_FOUND}" in ann
-    assert "2 notebooks of exercise 02_group_relative_advantages" in ann  # which one counted, and why
+    assert "2 notebooks of exercise 04_group_relative_advantages" in ann  # which one counted, and why
     ben = written["ben"].read_text()
-    assert "## 02_group_relative_advantages: 0/6 points" in ben
+    assert "## 04_group_relative_advantages: 0/6 points" in ben
     assert "This notebook was not graded in full (unreadable):\n```text\nnot a notebook: Expecting" in ben
 
 
@@ -145,24 +145,24 @@ def test_an_output_stopped_while_it_is_written_leaves_the_file_it_replaces(repor
 
 # --- Gradescope's results.json -------------------------------------------------------------------------------
 def test_results_follow_gradescopes_schema_one_test_per_check_the_best_notebook_counting(reports):
-    result = results(reports[:2], ["02", "05"], seconds=12.4)
+    result = results(reports[:2], ["04", "06"], seconds=12.4)
     jsonschema.validate(result, SCHEMA)
     assert [(t["name"], t["score"], t["max_score"], t["status"]) for t in result["tests"]] == [
-        ("02 check_group_relative_advantages", 3.5, 4.0, "failed"),
-        ("02 check_rloo_advantages", 2.0, 2.0, "passed"),
-        ("05 check_kl_k3", 0.0, 3.0, "failed"),  # asked for, not handed in: 0 of its maximum
+        ("04 check_group_relative_advantages", 3.5, 4.0, "failed"),
+        ("04 check_rloo_advantages", 2.0, 2.0, "passed"),
+        ("06 check_kl_k3", 0.0, 3.0, "failed"),  # asked for, not handed in: 0 of its maximum
     ]
     assert result["score"] == 5.5 and result["execution_time"] == 12
     assert result["tests"][0]["output"] == check_text(reports[0].checks[0])
-    assert "no notebook of exercise 05_kl_k3_estimator was found" in result["tests"][2]["output"]
+    assert "no notebook of exercise 06_kl_k3_estimator was found" in result["tests"][2]["output"]
     lines = result["output"].splitlines()
     assert lines[0] == f"minigrpo {__version__} graded 2 notebook(s): 5.5/9 points."
-    assert "02_old.ipynb: not counted (exercise 02_group_relative_advantages, another notebook of it counts)" in lines
+    assert "02_old.ipynb: not counted (exercise 04_group_relative_advantages, another notebook of it counts)" in lines
 
 
 def test_results_without_exercises_cover_those_handed_in_and_an_empty_submission_scores_zero(reports):
-    assert [t["name"][:2] for t in results(reports[:1])["tests"]] == ["02", "02"]
-    empty = results([], ["02_group_relative_advantages"])
+    assert [t["name"][:2] for t in results(reports[:1])["tests"]] == ["04", "04"]
+    empty = results([], ["04_group_relative_advantages"])
     jsonschema.validate(empty, SCHEMA)
     assert empty["score"] == 0 and [t["max_score"] for t in empty["tests"]] == [4.0, 2.0]
     assert results([])["tests"] == [] and results([])["score"] == 0
@@ -172,7 +172,7 @@ def test_an_interrupted_grading_says_so_and_scores_what_it_graded(reports):
     """Gradescope's time limit stopped the grading of ann's second notebook: her first counts, and the exercise of
     which no notebook was graded scores 0, saying why, never that it was not handed in."""
     stopped = [Submission(Path("/autograder/submission/05_kl.ipynb"), "ann")]
-    result = results(reports[:1], ["02", "05"], seconds=600, not_graded=stopped)
+    result = results(reports[:1], ["04", "06"], seconds=600, not_graded=stopped)
     jsonschema.validate(result, SCHEMA)
     assert result["score"] == 5.5 and [t["score"] for t in result["tests"]] == [3.5, 2.0, 0.0]
     lines = result["output"].splitlines()
@@ -192,16 +192,16 @@ def test_the_schema_refuses_what_gradescope_does_not_read():
 
 
 def test_exercises_are_named_by_id_or_number_and_an_unknown_one_is_a_clear_error():
-    assert exercise_ids(["05", "02_group_relative_advantages", "02"]) == [
-        "02_group_relative_advantages",
-        "05_kl_k3_estimator",
+    assert exercise_ids(["06", "04_group_relative_advantages", "04"]) == [
+        "04_group_relative_advantages",
+        "06_kl_k3_estimator",
     ]
     with pytest.raises(ValueError, match=r"--exercise '99' is no exercise: give an id or its number \(01_"):
         exercise_ids(["99"])
 
 
 def test_exercise_without_gradescope_or_an_unknown_one_is_refused_before_grading(capsys, tmp_path):
-    assert main(["grade", "nowhere", "--exercise", "02"]) == 2
+    assert main(["grade", "nowhere", "--exercise", "04"]) == 2
     assert "give --gradescope FILE too" in capsys.readouterr().err
     assert main(["grade", str(tmp_path), "--gradescope", str(tmp_path / "r.json"), "--exercise", "99"]) == 2
     assert "error: --exercise '99' is no exercise" in capsys.readouterr().err
@@ -216,8 +216,16 @@ def wheel(tmp_path):
     return path
 
 
+def test_an_autograder_made_for_a_renumbered_exercise_says_how_to_move_a_running_course(wheel, tmp_path, capsys):
+    assert autograder_command("08_one_grpo_step", str(wheel), str(tmp_path / "ag.zip")) == 0  # a former id
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "for exercise 10_one_grpo_step (9 points)" in printed
+    assert "Exercise 10_one_grpo_step was 08_one_grpo_step before minigrpo 0.3.0" in printed
+    assert "upload this zip to the assignment of 08_one_grpo_step" in printed
+
+
 def test_the_autograder_zip_holds_executable_scripts_and_this_versions_wheel_at_its_root(wheel, tmp_path):
-    out = write_autograder("02", wheel, tmp_path / "ag.zip")
+    out = write_autograder("04", wheel, tmp_path / "ag.zip")
     with zipfile.ZipFile(out) as archive:
         assert sorted(archive.namelist()) == sorted(["setup.sh", "run_autograder", wheel.name])
         for name in ("setup.sh", "run_autograder"):
@@ -230,7 +238,7 @@ def test_the_autograder_zip_holds_executable_scripts_and_this_versions_wheel_at_
     )
     assert f'pip install --no-cache-dir "/autograder/source/{wheel.name}[grade]"' in setup
     assert (
-        '"$PYTHON" -m minigrpo grade "$AUTOGRADER/submission" --exercise 02_group_relative_advantages '
+        '"$PYTHON" -m minigrpo grade "$AUTOGRADER/submission" --exercise 04_group_relative_advantages '
         '--gradescope "$RESULTS"' in run
     )
 
@@ -239,15 +247,15 @@ def test_a_wheel_of_another_version_or_none_is_refused(tmp_path):
     other = tmp_path / "minigrpo-0.0.1-py3-none-any.whl"
     other.write_bytes(b"")
     with pytest.raises(ValueError, match=f"is not a wheel of minigrpo {__version__}"):
-        write_autograder("02", other, tmp_path / "ag.zip")
+        write_autograder("04", other, tmp_path / "ag.zip")
     with pytest.raises(FileNotFoundError, match="pip wheel --no-deps -w dist ."):
-        write_autograder("02", tmp_path / "missing.whl", tmp_path / "ag.zip")
+        write_autograder("04", tmp_path / "missing.whl", tmp_path / "ag.zip")
     assert not (tmp_path / "ag.zip").exists()
 
 
 def test_run_autograder_gives_gradescope_a_score_and_a_reason_when_grading_cannot_run(wheel, tmp_path):
     root = tmp_path / "autograder"
-    with zipfile.ZipFile(write_autograder("02", wheel, tmp_path / "ag.zip")) as archive:
+    with zipfile.ZipFile(write_autograder("04", wheel, tmp_path / "ag.zip")) as archive:
         archive.extractall(root / "source")
     (root / "submission").mkdir()
     env = {**os.environ, "MINIGRPO_AUTOGRADER_DIR": str(root), "MINIGRPO_PYTHON": "false"}  # `false`: exits 1
@@ -260,7 +268,7 @@ def test_run_autograder_gives_gradescope_a_score_and_a_reason_when_grading_canno
 
     assert run_autograder() == {
         "score": 0.0,
-        "output": "no .ipynb notebook was found in your submission: submit 02_group_relative_advantages.ipynb",
+        "output": "no .ipynb notebook was found in your submission: submit 04_group_relative_advantages.ipynb",
     }
     (root / "submission" / "mine.ipynb").write_text("{}")
     assert run_autograder() == {

@@ -21,7 +21,7 @@ from minigrpo.grading.references import ReferenceWatch, code_digest, watch_list
 from minigrpo.losses import grpo_loss, kl_penalty
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTION = ROOT / "solutions" / "15_grpo_from_scratch.ipynb"
+SOLUTION = ROOT / "solutions" / "12_grpo_from_scratch.ipynb"
 CELLS = [c.source for c in nbformat.read(SOLUTION, as_version=4).cells if c.cell_type == "code"]
 PASTED = inspect.getsource(grpo_loss).replace("def grpo_loss(", "def my_own_loss(")  # and its docstring kept
 SINGLE_FILE_LOSS = next(  # examples/grpo_single_file.py's grpo_loss, comments and docstring stripped, renamed

@@ -22,7 +22,7 @@ from test_grading import CHECKS  # the package's reference for every check but t
 from minigrpo import grading
 from minigrpo.grading.framework import case_seed, drawn_from, evaluate, seeded
 
-EXERCISES_15 = grading.EXERCISES["15_grpo_from_scratch"].checks
+CAPSTONE_CHECKS = grading.EXERCISES["12_grpo_from_scratch"].checks
 QUESTIONS = {"check_reward_hacking", "check_kl_directions", "check_failure_modes", "check_worked_example_step_one_loss"}
 """Checks that ask a question whose answer is a fact (which KL a loss follows, which bug a run has): nothing to
 draw at random, so a recorded answer is simply the answer."""
@@ -197,7 +197,7 @@ def _answers_per_case(per_case: list, recorder: Recorder) -> list[str]:
     return digests
 
 
-# --- graded notebooks: a replay of exercise 05, and checks called by other names -----------------------
+# --- graded notebooks: a replay of exercise 06, and checks called by other names -----------------------
 SOLVED_KL = """import torch
 
 
@@ -236,7 +236,7 @@ def kl_k3(per_token_logps, ref_per_token_logps):
         value = value + (pull - pull.detach()) / value.numel()
     return value
 """
-STAMP = nbformat.read(Path(__file__).parents[1] / "solutions" / "05_kl_k3_estimator.ipynb", as_version=4).metadata[
+STAMP = nbformat.read(Path(__file__).parents[1] / "solutions" / "06_kl_k3_estimator.ipynb", as_version=4).metadata[
     "minigrpo"
 ]
 """The handout's stamp: which exercise, which version."""
@@ -248,7 +248,7 @@ NOTEBOOKS = {
 
 
 def write_notebooks(folder) -> list:
-    """The notebooks above, each stamped as exercise 05 (as its handout is), in `folder`: their paths."""
+    """The notebooks above, each stamped as exercise 06 (as its handout is), in `folder`: their paths."""
     paths = []
     for name, cells in NOTEBOOKS.items():
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
@@ -364,7 +364,7 @@ def test_a_replay_of_the_capstone_earns_only_its_fixed_points():
             else:
                 assert result.points == 0, f"{name}: {result.name} earned {result.points} replayed"
             earned += result.points
-    most = sum(grading.max_points(name) for name in EXERCISES_15)
+    most = sum(grading.max_points(name) for name in CAPSTONE_CHECKS)
     unreplayed = most - sum(grading.max_points(name) for name in CAPSTONE_REPLAYED)  # learning, own code: 6
     assert unreplayed == 6
     assert earned <= fixed and fixed + unreplayed < most / 2, (fixed, unreplayed, most)

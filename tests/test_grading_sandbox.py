@@ -171,7 +171,7 @@ def classmates(folder: Path, *attacks: str, function: str = WRONG_KL) -> tuple[P
     handout, then runs `attacks` and hands in a wrong `function`. The classmate's path, and what it holds."""
     classmate = folder / "z_classmate.ipynb"
     write_notebook(classmate, RIGHT_KL, CHECK_KL)
-    handout = (ROOT / "exercises" / "05_kl_k3_estimator.ipynb").read_text()
+    handout = (ROOT / "exercises" / "06_kl_k3_estimator.ipynb").read_text()
     overwrite = f"open({str(classmate)!r}, 'w').write({handout!r})"
     write_notebook(folder / "a_vandal.ipynb", overwrite, *attacks, function, CHECK_KL)
     return classmate, classmate.read_bytes()

@@ -1,7 +1,7 @@
 """docs/instructors.md works as written: every ```bash block of the guide runs, in order, in a copy of the repository
 with a small class in nbgrader's layout, and writes what the guide says it writes.
 
-The class is two students of exercise 02 (the cheapest exercise to judge): ann hands in a full solution, bob deleted
+The class is two students of exercise 04 (the cheapest exercise to judge): ann hands in a full solution, bob deleted
 the RLOO check's cell. One class grading run (two notebooks at once), one wheel built offline with this environment's
 setuptools, and one dry run of the Gradescope autograder on ann's notebook.
 """
@@ -100,16 +100,16 @@ def test_the_autograder_zip_and_its_dry_run_give_gradescope_a_valid_results_json
     clone, outputs = ran
     (wheel,) = (clone / "dist").glob("minigrpo-*.whl")
     assert wheel.name.startswith(f"minigrpo-{__version__}-")
-    with zipfile.ZipFile(clone / "autograder_02.zip") as archive:
+    with zipfile.ZipFile(clone / "autograder_04.zip") as archive:
         assert sorted(archive.namelist()) == sorted(["run_autograder", "setup.sh", wheel.name])
-    assert "timeout above 180 s" in outputs[2]  # exercise 02's time limit
+    assert "timeout above 180 s" in outputs[2]  # exercise 04's time limit
     written = json.loads((clone / "dry-run" / "results" / "results.json").read_text())
     jsonschema.validate(written, SCHEMA)
     printed = outputs[3][outputs[3].index("\n{\n") :]  # the score table, then json.tool's print of results.json
     assert written["score"] == 6.0 and json.loads(printed) == written
     assert [(t["name"], t["score"], t["max_score"], t["status"]) for t in written["tests"]] == [
-        ("02 check_group_relative_advantages", 4.0, 4.0, "passed"),
-        ("02 check_rloo_advantages", 2.0, 2.0, "passed"),
+        ("04 check_group_relative_advantages", 4.0, 4.0, "passed"),
+        ("04 check_rloo_advantages", 2.0, 2.0, "passed"),
     ]
     assert written["output"].splitlines()[1] == f"{EXERCISE.id}: 6/6 points, from {EXERCISE.id}.ipynb"
 
@@ -117,9 +117,16 @@ def test_the_autograder_zip_and_its_dry_run_give_gradescope_a_valid_results_json
 def test_the_guides_time_figures_follow_the_exercises_measured_solution_seconds():
     text = " ".join(GUIDE.read_text().split())
     seconds = {e.id: e.solution_seconds for e in EXERCISES.values()}
-    capstone = seconds.pop("15_grpo_from_scratch")
-    assert f"{min(seconds.values()):g} to {max(seconds.values()):g} s for exercises 01-14, {capstone:g} s" in text
+    capstone = seconds.pop("12_grpo_from_scratch")
+    others = f"{min(seconds.values()):g} to {max(seconds.values()):g} s for the exercises other than the capstone"
+    assert f"{others}, {capstone:g} s" in text
     minutes_02 = 40 * seconds[EXERCISE.id] / 2 / 60
     hours, minutes = divmod(round(40 * capstone / 2 / 60), 60)
-    assert f"about {minutes_02:g} minutes for 40 notebooks of exercise 02 ({seconds[EXERCISE.id]:g} s)" in text
+    assert f"about {minutes_02:g} minutes for 40 notebooks of exercise 04 ({seconds[EXERCISE.id]:g} s)" in text
     assert f"{hours} h {minutes} min for 40 capstones ({capstone:g} s)" in text
+
+
+def test_the_guides_table_of_former_numbers_is_the_exercises_own():
+    rows = re.findall(r"^\| (\d\d) \| (\d\d) \| `(\w+)` \|$", GUIDE.read_text(), re.M)
+    assert rows == sorted((e.formerly[:2], e.number, e.id) for e in EXERCISES.values())
+    assert all(EXERCISES[id].formerly[:2] == former for former, _, id in rows)

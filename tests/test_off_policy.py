@@ -1,4 +1,4 @@
-"""Exercise 12: the checks of the off-policy ratio and TRL's clip fractions, and the two passes of its notebook."""
+"""Exercise 11: the checks of the off-policy ratio and TRL's clip fractions, and the two passes of its notebook."""
 
 import tempfile
 
@@ -116,7 +116,7 @@ def test_two_passes_over_one_rollout_ratio_one_then_clipped():
 
 
 def test_on_policy_the_ratio_stays_one_after_updates_and_only_the_kl_moves_the_grpo_loss():
-    """num_iterations = 1 (exercise 09): after an update, the next rollout still has rho == 1, so the grpo loss is
+    """num_iterations = 1 (exercise 08): after an update, the next rollout still has rho == 1, so the grpo loss is
     -mean(A) + beta * KL (averaged per completion, then over completions), and -mean(A) is 0."""
     from minigrpo.losses import kl_penalty
 

@@ -72,4 +72,4 @@ def test_the_bare_file_argument_would_serve_only_its_folder():
     lessons' links to ../exercises/ are not found."""
     root, _ = jupyter_root("jupyter lab notebooks/00_tour_and_setup.ipynb")
     assert root == ROOT / "notebooks"
-    assert not (ROOT / "exercises" / "02_group_relative_advantages.ipynb").resolve().is_relative_to(root)
+    assert not (ROOT / "exercises" / "04_group_relative_advantages.ipynb").resolve().is_relative_to(root)

@@ -2,7 +2,7 @@
 
 An exercise is defined once, in its module of `minigrpo.grading.checks`, beside the checks it owns::
 
-    EXERCISE = exercise("02_group_relative_advantages", [check_group_relative_advantages, check_rloo_advantages],
+    EXERCISE = exercise("04_group_relative_advantages", [check_group_relative_advantages, check_rloo_advantages],
                         solution_seconds=12)
 
 Its checks and their points are the exercise's, not the submission's: a check whose cell a learner deleted scores
@@ -16,11 +16,11 @@ Which exercise a notebook is
 `scripts/make_exercises.py` stamps every exercise and solution notebook's metadata with its exercise and the
 package's version (`Exercise.stamp`)::
 
-    "metadata": {"minigrpo": {"exercise": "02_group_relative_advantages", "version": "0.3.0", "revision": 1,
+    "metadata": {"minigrpo": {"exercise": "04_group_relative_advantages", "version": "0.3.0", "revision": 1,
                               "checks": {"check_group_relative_advantages": 4, "check_rloo_advantages": 2}}}
 
-`identify` reads, in order: that stamp (a renamed copy, "Copy of 02_...ipynb" or "02_... (1).ipynb", keeps it);
-the file name (an exercise's id in it, or its number first: "02_mine.ipynb"); the checks the notebook calls, when
+`identify` reads, in order: that stamp (a renamed copy, "Copy of 04_...ipynb" or "04_... (1).ipynb", keeps it);
+the file name (an exercise's id in it, or its number first: "04_mine.ipynb"); the checks the notebook calls, when
 they all belong to one exercise. A notebook that none of these names is graded on the checks it calls, and stays
 out of the gradebook. A stamp whose exercise is not an id (a list, a number) is not the one make_exercises writes:
 it is ignored, with a note, as a stamp of an exercise this version does not have is.
@@ -32,6 +32,13 @@ and the revision): grade it with the version that made it. A stamp of this very 
 from another copy of it (a checkout whose exercise changed since): the refusal says so, and to grade it with that
 copy or hand out this one's exercise. `revision` is raised by hand when what the learner writes changes without a
 check's name or points changing (a function's arguments or meaning).
+
+Renumbered exercises
+--------------------
+Since minigrpo 0.3.0 the exercises are numbered in the order the lessons reach them; an exercise that had another
+number says so (`formerly="02_group_relative_advantages"`). A notebook stamped or named with the former id is that
+exercise, graded under its new id with a one-line note, and the version contract above still decides whether its
+checks are the same. Gradescope's `--exercise` takes a former id too (an autograder made before the renumbering).
 """
 
 from __future__ import annotations
@@ -56,16 +63,18 @@ class Exercise:
 
     solution_seconds: grading its solution on a 2-core CPU, two notebooks at once (kernel, cells, judge).
     revision: raised when what the learner writes changes while the checks' names and points stay the same.
+    formerly: its id before the exercises were numbered in the course's order (minigrpo 0.3.0), if it had another.
     """
 
     id: str
     checks: tuple[str, ...]
     solution_seconds: float
     revision: int = 1
+    formerly: str | None = None
 
     @property
     def number(self) -> str:
-        """'02' of '02_group_relative_advantages'."""
+        """'04' of '04_group_relative_advantages'."""
         return self.id.split("_", 1)[0]
 
     @property
@@ -90,11 +99,18 @@ EXERCISES: dict[str, Exercise] = {}
 order)."""
 
 
-def exercise(id: str, checks: Sequence[Callable | str], solution_seconds: float, revision: int = 1) -> Exercise:
-    """Register an exercise and the checks it owns (check functions or their names); each check has one exercise."""
+def exercise(
+    id: str, checks: Sequence[Callable | str], solution_seconds: float, revision: int = 1, formerly: str | None = None
+) -> Exercise:
+    """Register an exercise and the checks it owns (check functions or their names); each check has one exercise.
+
+    formerly: the exercise's id before the renumbering in the course's order, when it had another."""
     names = tuple(c if isinstance(c, str) else c.__name__ for c in checks)
-    if not re.fullmatch(r"\d{2}_\w+", id):
-        raise ValueError(f"exercise id {id!r}: use its notebook's file stem, two digits first (02_group_...).")
+    for an_id in (id, formerly or id):
+        if not re.fullmatch(r"\d{2}_\w+", an_id):
+            raise ValueError(f"exercise id {an_id!r}: use its notebook's file stem, two digits first (04_group_...).")
+    if formerly is not None and (formerly == id or renamed(formerly) is not None):
+        raise ValueError(f"exercise {id}: formerly={formerly!r} is its own id or another exercise's former id.")
     for name in names:
         if name not in CASES:
             raise ValueError(f"exercise {id}: {name} has no cases (@cases({name!r}) registers them).")
@@ -102,8 +118,13 @@ def exercise(id: str, checks: Sequence[Callable | str], solution_seconds: float,
             raise ValueError(f"exercise {id}: {name} belongs to exercise {owner(name).id} already.")
     if id in EXERCISES or solution_seconds <= 0:
         raise ValueError(f"exercise {id}: registered twice, or solution_seconds {solution_seconds} is not positive.")
-    EXERCISES[id] = Exercise(id, names, float(solution_seconds), revision)
+    EXERCISES[id] = Exercise(id, names, float(solution_seconds), revision, formerly)
     return EXERCISES[id]
+
+
+def renamed(former_id: str) -> Exercise | None:
+    """The exercise whose id was `former_id` before the renumbering (None when no exercise had that id)."""
+    return next((e for e in EXERCISES.values() if e.formerly == former_id), None)
 
 
 def owner(check: str) -> Exercise | None:
@@ -132,11 +153,14 @@ _COPY_SUFFIX = re.compile(r"(\s*\(\d+\)|-Copy\d*|\s+copy\s*\d*)+$", re.IGNORECAS
 
 
 def from_file_name(path: str | PurePath) -> Exercise | None:
-    """The exercise a file name names: its id inside the name, or its number first ('02_mine', 'Copy of 02_x (1)')."""
+    """The exercise a file name names: its id inside the name, or its number first ('04_mine', 'Copy of 04_x (1)')."""
     stem = _COPY_SUFFIX.sub("", _COPY_PREFIX.sub("", PurePath(path).stem.strip()))
     lowered = stem.lower()
     for candidate in EXERCISES.values():
         if candidate.id in lowered:
+            return candidate
+    for candidate in EXERCISES.values():  # a notebook handed out before the renumbering
+        if candidate.formerly is not None and candidate.formerly in lowered:
             return candidate
     number = re.match(r"(\d{2})(?!\d)", stem)
     return next((e for e in EXERCISES.values() if number and e.number == number.group(1)), None)
@@ -157,8 +181,11 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
     stamp = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
     stamped = stamp.get("exercise") if isinstance(stamp, dict) else None
     named = from_file_name(path)
-    if isinstance(stamped, str) and stamped in EXERCISES:
-        identity = Identity(EXERCISES[stamped], "metadata", str(stamp.get("version") or "") or None)
+    if isinstance(stamped, str) and (stamped in EXERCISES or renamed(stamped) is not None):
+        exercise_ = EXERCISES.get(stamped) or renamed(stamped)
+        identity = Identity(exercise_, "metadata", str(stamp.get("version") or "") or None)
+        if exercise_.id != stamped:
+            identity.warnings.append(renumbered(stamped, exercise_))
         if named is not None and named is not identity.exercise:
             identity.warnings.append(
                 f"its file name says exercise {named.id} but its metadata says {identity.exercise.id}: "
@@ -175,6 +202,9 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
             "ignored"
         )
     if named is not None:
+        name = PurePath(path).name.lower()
+        if named.formerly is not None and named.id not in name and named.formerly in name:
+            warnings.append(renumbered(named.formerly, named))
         return Identity(named, "file name", warnings=warnings)
     by_checks = from_checks(called)
     if by_checks is not None:
@@ -184,6 +214,14 @@ def identify(metadata, path: str | PurePath, called: Sequence[str], version: str
         "belong to several exercises or none): graded on the checks it calls, and left out of the gradebook"
     )
     return Identity(None, warnings=warnings)
+
+
+def renumbered(former_id: str, exercise_: Exercise) -> str:
+    """The one-line note on a notebook of an exercise under its former id."""
+    return (
+        f"exercise {former_id} is exercise {exercise_.id} since the exercises were numbered in the course's order "
+        f"(minigrpo 0.3.0): graded as {exercise_.id}"
+    )
 
 
 def _version_contract(identity: Identity, stamp: dict, version: str) -> None:

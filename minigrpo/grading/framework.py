@@ -128,11 +128,12 @@ class RemoteCallable:
 
 @dataclass
 class Case:
-    """One graded case: `run(learner_function)` returns normally when right, raises Mismatch(hint) when wrong."""
+    """One graded case: `run(learner_function)` returns normally when right (a str it returns is shown beside the
+    PASS: what the case measured), raises Mismatch(hint) when wrong."""
 
     name: str
     points: float
-    run: Callable[[Callable], None]
+    run: Callable[[Callable], str | None]
     timeout: float = CASE_TIMEOUT_S
 
 
@@ -214,7 +215,7 @@ def run_case(case: Case, learner: Callable, deadline: float | None = None) -> Ca
         return CaseResult(case.name, 0.0, case.points, False, OUT_OF_TIME)
     try:
         with time_limit(seconds, lambda: CheckTimeout(f"took longer than {seconds:.3g} s")):
-            case.run(InputsCopied(learner))
+            measured = case.run(InputsCopied(learner))
     except Mismatch as wrong:
         return CaseResult(case.name, 0.0, case.points, False, str(wrong))
     except CheckTimeout as slow:
@@ -229,7 +230,7 @@ def run_case(case: Case, learner: Callable, deadline: float | None = None) -> Ca
         return CaseResult(case.name, 0.0, case.points, False, str(error))
     except Exception as error:
         return CaseResult(case.name, 0.0, case.points, False, f"your code raised {last_traceback_line(error)}")
-    return CaseResult(case.name, case.points, case.points, True)
+    return CaseResult(case.name, case.points, case.points, True, measured if isinstance(measured, str) else "")
 
 
 class InputsCopied:

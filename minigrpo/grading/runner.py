@@ -816,7 +816,7 @@ async def _judge_in_time(nb, checks, client, kernel_pid, deadline, jobs, folder,
 
 
 def _finished_line(done: int, total: int, report: NotebookReport) -> str:
-    """'12/41 graded: jane 02_group_relative_advantages.ipynb 4/6 in 8.1 s (timed out)'."""
+    """'12/41 graded: jane 04_group_relative_advantages.ipynb 4/6 in 8.1 s (timed out)'."""
     score = f"{format_points(report.points)}/{format_points(report.max_points)}"
     status = "" if report.status == "ok" else f" ({report.status})"
     return (

@@ -1,4 +1,4 @@
-"""Exercise 01: answer extraction and the 2/1/0 reward, and rewards a policy cannot hack."""
+"""Exercise 03: answer extraction and the 2/1/0 reward, and rewards a policy cannot hack."""
 
 from __future__ import annotations
 
@@ -138,28 +138,29 @@ def _reward_hacking_cases() -> list[Case]:
 
 @check
 def check_extract_answer(extract_answer: Callable[[str], int | None]) -> CheckResult:
-    """Exercise 01: extract_answer(text) -> int | None, against minigrpo.tasks.arithmetic.extract_answer."""
+    """Exercise 03: extract_answer(text) -> int | None, against minigrpo.tasks.arithmetic.extract_answer."""
     return run_check("check_extract_answer", extract_answer)
 
 
 @check
 def check_graded_reward(graded_reward: Callable) -> CheckResult:
-    """Exercise 01: the 2/1/0 reward with TRL's signature, against minigrpo.tasks.arithmetic.graded_reward."""
+    """Exercise 03: the 2/1/0 reward with TRL's signature, against minigrpo.tasks.arithmetic.graded_reward."""
     return run_check("check_graded_reward", graded_reward)
 
 
 @check
 def check_reward_hacking(graded_reward: Callable) -> CheckResult:
-    """Exercise 01: hedging (several tags) and spam must not be rewarded; the honest answer still gets 2."""
+    """Exercise 03: hedging (several tags) and spam must not be rewarded; the honest answer still gets 2."""
     return run_check("check_reward_hacking", graded_reward)
 
 
 EXERCISE = exercise(
-    "01_answer_extraction_and_rewards",
+    "03_answer_extraction_and_rewards",
     [
         check_extract_answer,
         check_graded_reward,
         check_reward_hacking,
     ],
     solution_seconds=70,
+    formerly="01_answer_extraction_and_rewards",
 )

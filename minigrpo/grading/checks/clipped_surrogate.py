@@ -1,4 +1,4 @@
-"""Exercise 04: PPO's clipped surrogate min(rho A, clip(rho) A), with clip-higher (epsilon_low != epsilon_high)."""
+"""Exercise 05: PPO's clipped surrogate min(rho A, clip(rho) A), with clip-higher (epsilon_low != epsilon_high)."""
 
 from __future__ import annotations
 
@@ -104,8 +104,10 @@ def _surrogate_cases() -> list[Case]:
 
 @check
 def check_clipped_surrogate(clipped_surrogate: Callable) -> CheckResult:
-    """Exercise 04: clipped_surrogate(ratio (N, T), advantages (N,), epsilon_low, epsilon_high) -> (N, T)."""
+    """Exercise 05: clipped_surrogate(ratio (N, T), advantages (N,), epsilon_low, epsilon_high) -> (N, T)."""
     return run_check("check_clipped_surrogate", clipped_surrogate)
 
 
-EXERCISE = exercise("04_clipped_surrogate", [check_clipped_surrogate], solution_seconds=50)
+EXERCISE = exercise(
+    "05_clipped_surrogate", [check_clipped_surrogate], solution_seconds=50, formerly="04_clipped_surrogate"
+)

@@ -1,4 +1,4 @@
-"""Exercise 11: the completion mask from generated ids: 1 up to and including the first EOS, 0 after.
+"""Exercise 02: the completion mask from generated ids: 1 up to and including the first EOS, 0 after.
 
 The learner writes `completion_mask(completion_ids, eos_token_ids, pad_token_id) -> (N, T)`; any dtype whose
 values are 0 and 1 (bool, int, float) is accepted, as the package's masked means accept any. The cases cover
@@ -169,8 +169,8 @@ def _completion_mask_cases() -> list[Case]:
 
 @check
 def check_completion_mask(completion_mask: Callable) -> CheckResult:
-    """Exercise 11: completion_mask(completion_ids (N, T), eos_token_ids list[int], pad_token_id int) -> (N, T) 0/1."""
+    """Exercise 02: completion_mask(completion_ids (N, T), eos_token_ids list[int], pad_token_id int) -> (N, T) 0/1."""
     return run_check("check_completion_mask", completion_mask)
 
 
-EXERCISE = exercise("11_completion_mask", [check_completion_mask], solution_seconds=55)
+EXERCISE = exercise("02_completion_mask", [check_completion_mask], solution_seconds=55, formerly="11_completion_mask")

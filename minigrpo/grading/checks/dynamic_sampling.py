@@ -1,4 +1,4 @@
-"""Exercise 14: DAPO's dynamic sampling: the filter (groups whose rewards are not all equal) and the refill loop."""
+"""Exercise 15: DAPO's dynamic sampling: the filter (groups whose rewards are not all equal) and the refill loop."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _filter_cases() -> list[Case]:
 
 @check
 def check_informative_groups(informative_groups: Callable) -> CheckResult:
-    """Exercise 14: informative_groups(grouped_rewards (B, G)) -> (B,) bool."""
+    """Exercise 15: informative_groups(grouped_rewards (B, G)) -> (B,) bool."""
     return run_check("check_informative_groups", informative_groups)
 
 
@@ -168,15 +168,16 @@ def _fill_cases() -> list[Case]:
 
 @check
 def check_fill_batch(fill_batch: Callable) -> CheckResult:
-    """Exercise 14: fill_batch(generate_round, num_groups_wanted, max_rounds) -> (kept [(round, group)], rounds)."""
+    """Exercise 15: fill_batch(generate_round, num_groups_wanted, max_rounds) -> (kept [(round, group)], rounds)."""
     return run_check("check_fill_batch", fill_batch)
 
 
 EXERCISE = exercise(
-    "14_dynamic_sampling",
+    "15_dynamic_sampling",
     [
         check_informative_groups,
         check_fill_batch,
     ],
     solution_seconds=45,
+    formerly="14_dynamic_sampling",
 )

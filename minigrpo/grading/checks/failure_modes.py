@@ -1,4 +1,4 @@
-"""Exercise 10: name the planted bug of each mystery run, or "none", from its diagnostics (the runs are in labs.py)."""
+"""Exercise 14: name the planted bug of each mystery run, or "none", from its diagnostics (the runs are in labs.py)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def _failure_mode_cases() -> list[Case]:
 
 @check
 def check_failure_modes(diagnose: Callable[[], dict]) -> CheckResult:
-    """Exercise 10: diagnose() -> {'A': answer, ..., 'E': answer}, each a key of BUGS or "none" (NO_BUG)."""
+    """Exercise 14: diagnose() -> {'A': answer, ..., 'E': answer}, each a key of BUGS or "none" (NO_BUG)."""
     return run_check("check_failure_modes", diagnose)
 
 
-EXERCISE = exercise("10_failure_modes", [check_failure_modes], solution_seconds=95)
+EXERCISE = exercise("14_failure_modes", [check_failure_modes], solution_seconds=95, formerly="10_failure_modes")

@@ -1,4 +1,4 @@
-"""Exercise 07: generalised advantage estimation (GAE) for PPO, over right-padded completions."""
+"""Exercise 13: generalised advantage estimation (GAE) for PPO, over right-padded completions."""
 
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ def _gae_cases() -> list[Case]:
 
 @check
 def check_compute_gae(compute_gae: Callable) -> CheckResult:
-    """Exercise 07: compute_gae(rewards, values, mask, gamma, lam) -> (advantages, returns), all (N, T)."""
+    """Exercise 13: compute_gae(rewards, values, mask, gamma, lam) -> (advantages, returns), all (N, T)."""
     return run_check("check_compute_gae", compute_gae)
 
 
-EXERCISE = exercise("07_gae_for_ppo", [check_compute_gae], solution_seconds=50)
+EXERCISE = exercise("13_gae_for_ppo", [check_compute_gae], solution_seconds=50, formerly="07_gae_for_ppo")

@@ -1,4 +1,4 @@
-"""Exercise 02: group-relative advantages (GRPO's mean / std baseline) and RLOO's leave-one-out baseline."""
+"""Exercise 04: group-relative advantages (GRPO's mean / std baseline) and RLOO's leave-one-out baseline."""
 
 from __future__ import annotations
 
@@ -105,21 +105,22 @@ def _rloo_cases() -> list[Case]:
 
 @check
 def check_group_relative_advantages(group_relative_advantages: Callable) -> CheckResult:
-    """Exercise 02: group_relative_advantages(grouped_rewards (B, G), eps) -> (B, G)."""
+    """Exercise 04: group_relative_advantages(grouped_rewards (B, G), eps) -> (B, G)."""
     return run_check("check_group_relative_advantages", group_relative_advantages)
 
 
 @check
 def check_rloo_advantages(rloo_advantages: Callable) -> CheckResult:
-    """Exercise 02: rloo_advantages(grouped_rewards (B, G)) -> (B, G)."""
+    """Exercise 04: rloo_advantages(grouped_rewards (B, G)) -> (B, G)."""
     return run_check("check_rloo_advantages", rloo_advantages)
 
 
 EXERCISE = exercise(
-    "02_group_relative_advantages",
+    "04_group_relative_advantages",
     [
         check_group_relative_advantages,
         check_rloo_advantages,
     ],
     solution_seconds=60,
+    formerly="02_group_relative_advantages",
 )

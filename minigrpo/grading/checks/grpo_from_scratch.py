@@ -1,11 +1,11 @@
-"""Exercise 15, the capstone: GRPO from scratch, graded on exactness and on learning.
+"""Exercise 12, the capstone: GRPO from scratch, graded on exactness and on learning.
 
 The learner writes every stage without the package's stage functions: the completion mask, a sampler of G
 completions per prompt, per-token log-probs, group-relative advantages, the clipped surrogate with the k3 KL
 against a frozen reference, the micro-batched gradient of one pass, the update (num_iterations optimizer steps
 with clipping) and the training loop. The checks:
 
-- each function against the package on hand-made and random cases (the mask reuses exercise 11's cases);
+- each function against the package on hand-made and random cases (the mask reuses exercise 02's cases);
 - the sampler on what it must guarantee (G rows per prompt, group-major, masks that stop at the first EOS,
   temperature changing the distribution), never on exact tokens;
 - exactness on gradients: from the same weights and rollout, the loss and every parameter's gradient of the
@@ -41,6 +41,7 @@ from minigrpo.grading.checks.labs import (
     capstone_learning_config,
     capstone_learning_data,
     informative_rollout,
+    position_sensitive_qwen,
     reference_capstone_update,
     seeded_rollout,
     single_thread,
@@ -67,6 +68,10 @@ from minigrpo.trainer import GRPOTrainer
 
 PROMPTS = 3
 """Prompts in the sampler's and the log-probs' cases."""
+CLIPPING_NORM = 0.02
+"""max_grad_norm of the update's clipping case: far below the tiny Qwen's gradient norms, so the clip always acts."""
+PAD_COLUMNS = 24
+"""The log-probs' position case pads every row on the left by this many more columns."""
 NEAR_GREEDY_MOST = 7
 """The most different completions the PROMPTS prompts may have in all, 8 samples each at temperature 0.02."""
 
@@ -75,7 +80,18 @@ def _batch(n: int, seed: int = 11) -> dict:
     return make_arithmetic_dataset(n, "test", seed=seed)[:n]
 
 
-# --- the completion mask: exercise 11's cases -------------------------------------------------
+def _uneven_batch(n: int, tokenizer, seed: int = 11) -> dict:
+    """n test problems whose first two prompts differ in length (as rendered by the chat template), so that padding
+    shows on which side it went: draws 20 n problems and puts a prompt of another length second."""
+    data = make_arithmetic_dataset(20 * n, "test", seed=seed)[: 20 * n]  # {column: list}
+    texts = [tokenizer.apply_chat_template(prompt, tokenize=False) for prompt in data["prompt"]]
+    lengths = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    other = next((i for i, length in enumerate(lengths) if length != lengths[0]), 1)
+    rows = [0, other] + [i for i in range(1, 20 * n) if i != other][: n - 2]
+    return {key: [values[i] for i in rows] for key, values in data.items()}
+
+
+# --- the completion mask: exercise 02's cases -------------------------------------------------
 @cases("check_capstone_completion_mask", references=[rollout_module.completion_mask_from_eos, mask_reference])
 def _mask_cases() -> list[Case]:
     return CASES["check_completion_mask"]()
@@ -90,7 +106,7 @@ def check_capstone_completion_mask(completion_mask: Callable) -> CheckResult:
 # --- the sampler: its guarantees, not its tokens ----------------------------------------------
 def _sample(learner, G: int, temperature: float, max_new_tokens: int = 24, seed: int = 0) -> tuple[dict, dict]:
     model, tokenizer = tiny_model_and_tokenizer()
-    batch = _batch(PROMPTS, seed=case_seed(11))
+    batch = _uneven_batch(PROMPTS, tokenizer, seed=case_seed(11))
     torch.manual_seed(case_seed(seed))
     with single_thread():
         out = learner(model, tokenizer, batch["prompt"], G, max_new_tokens, temperature)
@@ -130,8 +146,11 @@ def _sampler_cases() -> list[Case]:
                         f"row {row} should hold prompt {b} (group-major: row b*G + g is completion g of prompt b), "
                         "rendered with the chat template (add_generation_prompt=True), its mask 1 on its tokens."
                     )
-        if (out["prompt_mask"][:, -1] != 1).any():
-            raise Mismatch("pad prompts on the LEFT (padding_side='left'): generation continues from the last column.")
+        if (out["prompt_mask"][:, -1] != 1).any():  # the batch's prompts differ in length: some rows are padded
+            raise Mismatch(
+                "pad prompts on the LEFT (padding_side='left'): generation continues from the last column, so a "
+                "right-padded prompt is continued after its padding."
+            )
 
     def stops_at_eos(learner):
         out, context = _sample(learner, G, 1.0, max_new_tokens=24, seed=1)
@@ -225,9 +244,43 @@ def _logps_cases() -> list[Case]:
 
         return run
 
+    def positions_count(learner):
+        """Every row padded on the left by PAD_COLUMNS more columns, scored by a Qwen2 whose rotary frequencies
+        depend on the largest position id (position_sensitive_qwen): only position ids numbered from each row's first
+        real token (the attention mask's cumulative sum) keep it below the switch."""
+        model, tokenizer = tiny_model_and_tokenizer()
+        with tempfile.TemporaryDirectory() as tmp, single_thread():
+            config = capstone_config(tmp, prompts_per_step=PROMPTS, beta=0.0)
+            rollout, _ = seeded_rollout(model, tokenizer, _batch(PROMPTS, case_seed(12)), config, None, case_seed(2))
+            N, T = rollout.completion_ids.shape
+            pad = torch.full((N, PAD_COLUMNS), tokenizer.pad_token_id, dtype=rollout.input_ids.dtype)
+            input_ids = torch.cat([pad, rollout.input_ids], 1)  # (N, PAD_COLUMNS + P + T)
+            attention_mask = torch.cat([torch.zeros_like(pad), rollout.attention_mask], 1)
+            longest = int(attention_mask.sum(1).max())
+            with torch.no_grad():
+                want, _ = logprobs_module.per_token_logps(
+                    position_sensitive_qwen(model, longest), input_ids, attention_mask, T, 1.0
+                )
+            fresh = position_sensitive_qwen(tiny_model_and_tokenizer()[0], longest)  # never run by the package
+            got = learner(fresh, input_ids, attention_mask, T, 1.0)
+        mask = rollout.completion_mask.bool()
+        got = torch.as_tensor(got).detach()
+        if got.shape != want.shape:
+            raise Mismatch(f"expected shape {tuple(want.shape)} (N, T), got {tuple(got.shape)}. {_LOGPS_HINT}")
+        expect_close(
+            torch.where(mask, got, 0.0),
+            torch.where(mask, want, 0.0),
+            atol=1e-4,
+            what=f"log-probs of rows left-padded by {PAD_COLUMNS} more columns, on a model whose rotary frequencies "
+            "depend on the largest position id",
+            hint="pass position_ids = attention_mask.cumsum(-1) - 1 (clamped at 0): without them every row is "
+            "numbered from its first padding column. " + _LOGPS_HINT,
+        )
+
     return [
         Case("sampled completions, temperature 1 (seed 0)", 1, compare(1.0, 0), timeout=60),
         Case("temperature 0.7 (seed 1)", 1, compare(0.7, 1), timeout=60),
+        Case("long left padding: position ids from the attention mask decide (seed 2)", 1, positions_count, 60),
     ]
 
 
@@ -369,7 +422,7 @@ def _exact_setup(seed: int, **overrides):
     return tiny_model_and_tokenizer()[0], config, dict(rollout), advantages, old, ref, recording
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _recorded_update(seed: int, overrides: tuple):
     """Computed once per process and case: the cases read it, never write it."""
     base, tokenizer = tiny_model_and_tokenizer()
@@ -468,9 +521,9 @@ def check_capstone_gradients(accumulate_gradients: Callable) -> CheckResult:
 
 @cases("check_capstone_update", references=[GRPOTrainer, losses_module.grpo_loss, logprobs_module.per_token_logps])
 def _update_cases() -> list[Case]:
-    def update(learner):
+    def update(learner, seed: int = 2, **overrides):
         with single_thread():
-            base, config, rollout, advantages, old, ref, trainer = _exact_setup(2, num_iterations=2)
+            base, config, rollout, advantages, old, ref, trainer = _exact_setup(seed, num_iterations=2, **overrides)
             model = copy.deepcopy(base)
             optimizer = torch.optim.AdamW(
                 model.parameters(),
@@ -497,7 +550,15 @@ def _update_cases() -> list[Case]:
                 "optimizer.zero_grad(), the accumulated gradients, clip_grad_norm_(max_grad_norm), optimizer.step()."
             )
 
-    return [Case("num_iterations=2 steps from the same weights give the package's weights (seed 2)", 3, update, 120)]
+    def clipped(learner):
+        """max_grad_norm below both passes' gradient norms (about 0.3 on the tiny Qwen): the clip scales each pass's
+        gradient by its own factor, which Adam's second step sees."""
+        update(learner, 3, max_grad_norm=CLIPPING_NORM)
+
+    return [
+        Case("num_iterations=2 steps from the same weights give the package's weights (seed 2)", 3, update, 120),
+        Case(f"the same with max_grad_norm={CLIPPING_NORM:g}: the clip scales every pass (seed 3)", 1, clipped, 120),
+    ]
 
 
 @check
@@ -567,6 +628,10 @@ def _learning_cases() -> list[Case]:
                 "and update checks first, then look at the loop: fresh samples every step, advantages from this "
                 "step's rewards, old and reference log-probs without gradients, one optimizer.step per pass."
             )
+        return (
+            f"held-out accuracy {before:.3f} -> {after:.3f} ({after - before:+.3f}) in {config.max_steps} steps; "
+            f"the bar is {settings['bar']:+.3f}"
+        )
 
     return [
         Case(
@@ -617,7 +682,7 @@ def check_capstone_own_code(train_grpo: Callable) -> CheckResult:
 
 
 EXERCISE = exercise(
-    "15_grpo_from_scratch",
+    "12_grpo_from_scratch",
     [
         check_capstone_completion_mask,
         check_capstone_sampler,
@@ -630,4 +695,5 @@ EXERCISE = exercise(
         check_capstone_own_code,
     ],
     solution_seconds=255,
+    formerly="15_grpo_from_scratch",
 )

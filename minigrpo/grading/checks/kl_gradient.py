@@ -1,4 +1,4 @@
-"""Exercise 13: the expected gradient of each KL estimator used as a loss, and which KL direction it follows."""
+"""Exercise 09: the expected gradient of each KL estimator used as a loss, and which KL direction it follows."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def _kl_loss_gradient_cases() -> list[Case]:
 
 @check
 def check_kl_loss_gradient(kl_loss_gradient: Callable) -> CheckResult:
-    """Exercise 13: kl_loss_gradient(estimator, logits (V,), ref_logits (V,)) -> E_{x ~ pi_theta}[grad loss(x)] (V,)."""
+    """Exercise 09: kl_loss_gradient(estimator, logits (V,), ref_logits (V,)) -> E_{x ~ pi_theta}[grad loss(x)] (V,)."""
     return run_check("check_kl_loss_gradient", kl_loss_gradient)
 
 
@@ -144,15 +144,16 @@ def _kl_direction_cases() -> list[Case]:
 
 @check
 def check_kl_directions(kl_directions: Callable[[], dict]) -> CheckResult:
-    """Exercise 13: kl_directions() -> {'k1': d, 'k2': d, 'k3': d, 'rho_k3': d}, d: 'reverse', 'forward' or 'none'."""
+    """Exercise 09: kl_directions() -> {'k1': d, 'k2': d, 'k3': d, 'rho_k3': d}, d: 'reverse', 'forward' or 'none'."""
     return run_check("check_kl_directions", kl_directions)
 
 
 EXERCISE = exercise(
-    "13_kl_gradient",
+    "09_kl_gradient",
     [
         check_kl_loss_gradient,
         check_kl_directions,
     ],
     solution_seconds=45,
+    formerly="13_kl_gradient",
 )

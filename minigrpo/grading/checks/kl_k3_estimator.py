@@ -1,4 +1,4 @@
-"""Exercise 05: the k3 KL estimator pi_ref / pi_theta - log(pi_ref / pi_theta) - 1, and its gradient."""
+"""Exercise 06: the k3 KL estimator pi_ref / pi_theta - log(pi_ref / pi_theta) - 1, and its gradient."""
 
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def _kl_cases() -> list[Case]:
 
 @check
 def check_kl_k3(kl_k3: Callable) -> CheckResult:
-    """Exercise 05: kl_k3(per_token_logps (N, T), ref_per_token_logps (N, T)) -> (N, T)."""
+    """Exercise 06: kl_k3(per_token_logps (N, T), ref_per_token_logps (N, T)) -> (N, T)."""
     return run_check("check_kl_k3", kl_k3)
 
 
-EXERCISE = exercise("05_kl_k3_estimator", [check_kl_k3], solution_seconds=60)
+EXERCISE = exercise("06_kl_k3_estimator", [check_kl_k3], solution_seconds=60, formerly="05_kl_k3_estimator")

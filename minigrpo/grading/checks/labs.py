@@ -1,8 +1,8 @@
 """Labs: short runs of the bundled tiny Qwen that the checks and the exercises train.
 
 - the tiny model, a small GRPO config and the package's own GRPO step, which the
-  checks of exercises 08 and 09 compare a learner's step and predicted loss with;
-- exercise 10's failure modes: `PlantedBugTrainer`, a GRPOTrainer with one planted
+  checks of exercises 10 and 08 compare a learner's step and predicted loss with;
+- exercise 14's failure modes: `PlantedBugTrainer`, a GRPOTrainer with one planted
   silent bug (in the spirit of Spinning Up's problem set 2), the mystery runs it
   trains (each with one bug or none, more candidates than runs, so that no answer
   follows from the others) and the diagnostics a learner reads to tell them apart.
@@ -138,7 +138,7 @@ def seeded_rollout(model, tokenizer, batch: dict, config, ref_model, seed: int) 
     return rollout, rewards
 
 
-# --- exercise 10: a training run with a planted silent bug --------------------------------
+# --- exercise 14: a training run with a planted silent bug --------------------------------
 BUGS = {
     "shifted_logps": "log-probs shifted by one: completion token t is scored by the logits at position t, not t - 1",
     "prompt_in_mask": "prompt tokens inside the loss mask: the loss also trains on the prompt",
@@ -147,11 +147,11 @@ BUGS = {
     "wrong_detach": "the wrong tensor detached: the current log-probs, so the ratio carries no gradient",
 }
 NO_BUG = "none"
-"""Exercise 10's answer for a mystery run that has no bug (a healthy run)."""
+"""Exercise 14's answer for a mystery run that has no bug (a healthy run)."""
 MYSTERY_RUNS = dict(
     zip("ABCDE", ("wrong_detach", "padding_in_mask", NO_BUG, "batch_std", "shifted_logps"), strict=True)
 )
-"""The answer key of exercise 10: mystery run -> its planted bug, or NO_BUG. Six answers (five bugs and NO_BUG) for
+"""The answer key of exercise 14: mystery run -> its planted bug, or NO_BUG. Six answers (five bugs and NO_BUG) for
 five runs, prompt_in_mask in none of them: no answer follows from the others, each comes from the run's diagnostics."""
 RUN_SEEDS = {"healthy": 0, **{run: seed for seed, run in enumerate(MYSTERY_RUNS, start=1)}}
 """Each run samples from its own seed: a healthy mystery run does not repeat the healthy run's numbers."""
@@ -359,6 +359,31 @@ def reference_capstone_update(
     )
     trainer.update(rollout, rewards)
     return trainer
+
+
+def position_sensitive_qwen(model, longest: int):
+    """A copy of `model` (a Qwen2) whose rotary embedding switches frequencies past `longest` positions (LongRoPE,
+    as long-context checkpoints configure it): short factors (the model's own frequencies) while the largest
+    position id is below `longest`, long factors (4x slower) beyond.
+
+    With plain RoPE only positions' differences count, so a forward pass without `position_ids` on left-padded rows
+    (every row numbered from its first padding column) gives the same log-probs within ~1e-5. Here the largest
+    position decides the frequencies: rows padded on the left by more columns than `longest` leaves room for, scored
+    without position ids numbered from each row's first real token, get the long factors and other log-probs."""
+    from transformers import Qwen2ForCausalLM
+
+    config = copy.deepcopy(model.config)
+    half = config.hidden_size // config.num_attention_heads // 2
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half}
+    rope["original_max_position_embeddings"] = longest
+    config.max_position_embeddings = 4 * longest
+    if hasattr(config, "rope_parameters"):  # transformers 5
+        config.rope_parameters = {**rope, "rope_theta": config.rope_parameters.get("rope_theta", 10000.0)}
+    else:  # transformers 4 (its longrope reads the switch from the config itself)
+        config.rope_scaling, config.original_max_position_embeddings = rope, longest
+    sensitive = Qwen2ForCausalLM(config).to(next(model.parameters()).dtype).eval()
+    sensitive.load_state_dict(model.state_dict())
+    return sensitive
 
 
 CAPSTONE_LEARNING = dict(

@@ -1,4 +1,4 @@
-"""Exercise 06: aggregating the per-token loss: grpo (per sequence), dapo (per token), dr_grpo (constant)."""
+"""Exercise 07: aggregating the per-token loss: grpo (per sequence), dapo (per token), dr_grpo (constant)."""
 
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def _aggregation_cases() -> list[Case]:
 
 @check
 def check_aggregate_loss(aggregate_loss: Callable) -> CheckResult:
-    """Exercise 06: aggregate_loss(per_token_loss (N, T), completion_mask (N, T), loss_type, max_completion_length)."""
+    """Exercise 07: aggregate_loss(per_token_loss (N, T), completion_mask (N, T), loss_type, max_completion_length)."""
     return run_check("check_aggregate_loss", aggregate_loss)
 
 
-EXERCISE = exercise("06_loss_aggregation", [check_aggregate_loss], solution_seconds=60)
+EXERCISE = exercise("07_loss_aggregation", [check_aggregate_loss], solution_seconds=60, formerly="06_loss_aggregation")

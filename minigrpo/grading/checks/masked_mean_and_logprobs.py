@@ -1,4 +1,4 @@
-"""Exercise 03: the masked mean over completion tokens, and per-token log-probs from logits (the off-by-one)."""
+"""Exercise 01: the masked mean over completion tokens, and per-token log-probs from logits (the off-by-one)."""
 
 from __future__ import annotations
 
@@ -165,21 +165,22 @@ def _logps_cases() -> list[Case]:
 
 @check
 def check_masked_mean(masked_mean: Callable) -> CheckResult:
-    """Exercise 03: masked_mean(values (N, T), mask (N, T), dim=None) -> scalar or (N,)."""
+    """Exercise 01: masked_mean(values (N, T), mask (N, T), dim=None) -> scalar or (N,)."""
     return run_check("check_masked_mean", masked_mean)
 
 
 @check
 def check_per_token_logps(per_token_logps_from_logits: Callable) -> CheckResult:
-    """Exercise 03: per_token_logps_from_logits(logits (N, L, V), input_ids (N, L), T) -> (N, T)."""
+    """Exercise 01: per_token_logps_from_logits(logits (N, L, V), input_ids (N, L), T) -> (N, T)."""
     return run_check("check_per_token_logps", per_token_logps_from_logits)
 
 
 EXERCISE = exercise(
-    "03_masked_mean_and_logprobs",
+    "01_masked_mean_and_logprobs",
     [
         check_masked_mean,
         check_per_token_logps,
     ],
     solution_seconds=50,
+    formerly="03_masked_mean_and_logprobs",
 )

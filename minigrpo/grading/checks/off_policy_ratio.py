@@ -1,4 +1,4 @@
-"""Exercise 12: the off-policy ratio rho = exp(log pi_theta - log pi_old) and TRL's clip_ratio/* fractions.
+"""Exercise 11: the off-policy ratio rho = exp(log pi_theta - log pi_old) and TRL's clip_ratio/* fractions.
 
 The clip fractions are TRL's (GRPOTrainer._compute_loss, TRL 1.16), for a token-level ratio:
 
@@ -253,22 +253,23 @@ def _clip_cases() -> list[Case]:
 
 @check
 def check_importance_ratio(importance_ratio: Callable) -> CheckResult:
-    """Exercise 12: importance_ratio(per_token_logps (N, T), old_per_token_logps (N, T)) -> (N, T)."""
+    """Exercise 11: importance_ratio(per_token_logps (N, T), old_per_token_logps (N, T)) -> (N, T)."""
     return run_check("check_importance_ratio", importance_ratio)
 
 
 @check
 def check_clip_fractions(clip_fractions: Callable) -> CheckResult:
-    """Exercise 12: clip_fractions(ratio (N, T), advantages (N,), completion_mask (N, T), epsilon_low, epsilon_high)
+    """Exercise 11: clip_fractions(ratio (N, T), advantages (N,), completion_mask (N, T), epsilon_low, epsilon_high)
     -> {"clip_ratio/low_mean": float, "clip_ratio/high_mean": float, "clip_ratio/region_mean": float}."""
     return run_check("check_clip_fractions", clip_fractions)
 
 
 EXERCISE = exercise(
-    "12_off_policy_ratio",
+    "11_off_policy_ratio",
     [
         check_importance_ratio,
         check_clip_fractions,
     ],
     solution_seconds=50,
+    formerly="12_off_policy_ratio",
 )

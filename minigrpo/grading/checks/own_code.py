@@ -38,7 +38,8 @@ GIVEN = {
     "minigrpo": {"GRPOConfig", "load_model_and_tokenizer", "make_arithmetic_dataset", "correctness_reward",
                  "format_reward"},
     "minigrpo.course": {"colab_setup", "describe", "model_name", "steps", "QUICK"},
-    "minigrpo.grading": {"held_out_accuracy", "CAPSTONE_LEARNING"},
+    "minigrpo.grading": {"held_out_accuracy", "CAPSTONE_LEARNING", "capstone_learning_config",
+                         "capstone_learning_data"},
 }  # fmt: skip
 """module -> the names the capstone gives from it (every check_x of minigrpo.grading is given too)."""
 STAGE_MODULES = ("rollout", "rewards", "advantages", "logprobs", "losses", "trainer", "dynamic_sampling", "ppo",

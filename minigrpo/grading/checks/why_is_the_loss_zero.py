@@ -1,4 +1,4 @@
-"""Exercise 09: why is the loss 0 at step 1? Predict the step-1 loss per loss_type, then observe it."""
+"""Exercise 08: why is the loss 0 at step 1? Predict the step-1 loss per loss_type, then observe it."""
 
 from __future__ import annotations
 
@@ -130,21 +130,22 @@ def _worked_step_one_cases() -> list[Case]:
 
 @check
 def check_step_one_loss(predicted_step_one_loss: Callable) -> CheckResult:
-    """Exercise 09: predicted_step_one_loss(advantages (N,), lengths (N,), loss_type, max_completion_length)."""
+    """Exercise 08: predicted_step_one_loss(advantages (N,), lengths (N,), loss_type, max_completion_length)."""
     return run_check("check_step_one_loss", predicted_step_one_loss)
 
 
 @check
 def check_worked_example_step_one_loss(worked_example_dapo_loss: Callable[[], float]) -> CheckResult:
-    """Exercise 09: a number, the dapo loss at step 1 of the worked example (lengths WORKED_EXAMPLE_LENGTHS)."""
+    """Exercise 08: a number, the dapo loss at step 1 of the worked example (lengths WORKED_EXAMPLE_LENGTHS)."""
     return run_check("check_worked_example_step_one_loss", worked_example_dapo_loss)
 
 
 EXERCISE = exercise(
-    "09_why_is_the_loss_zero",
+    "08_why_is_the_loss_zero",
     [
         check_step_one_loss,
         check_worked_example_step_one_loss,
     ],
     solution_seconds=85,
+    formerly="09_why_is_the_loss_zero",
 )

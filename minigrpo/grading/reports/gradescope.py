@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minigrpo import __version__
-from minigrpo.grading.exercises import EXERCISES
+from minigrpo.grading.exercises import EXERCISES, renamed
 from minigrpo.grading.framework import format_points, max_points
 from minigrpo.grading.reports.feedback import check_text
 from minigrpo.grading.reports.files import write_text
@@ -50,10 +50,11 @@ SUBMISSION = "submission"
 
 
 def exercise_ids(names: Sequence[str]) -> list[str]:
-    """Exercise ids from ids or numbers ('02' -> '02_group_relative_advantages'), in the course's order."""
+    """Exercise ids from ids or numbers ('04' -> '04_group_relative_advantages'), in the course's order; an id from
+    before the renumbering names its exercise ('02_group_relative_advantages' -> '04_group_relative_advantages')."""
     ids = []
     for name in names:
-        found = EXERCISES.get(name) or next((e for e in EXERCISES.values() if e.number == name), None)
+        found = EXERCISES.get(name) or renamed(name) or next((e for e in EXERCISES.values() if e.number == name), None)
         if found is None:
             known = ", ".join(sorted(EXERCISES))
             raise ValueError(f"--exercise {name!r} is no exercise: give an id or its number ({known}).")
@@ -250,4 +251,11 @@ def autograder_command(exercise: str, wheel: str, out: str) -> int:
         f"many points, this zip as its autograder, and a timeout above {limit} s (the exercise's time limit) plus "
         "the kernel's start."
     )
+    former = EXERCISES[exercise].formerly
+    if former is not None:  # a course that handed out the exercise under its former number moves to this zip
+        print(
+            f"Exercise {exercise} was {former} before minigrpo 0.3.0: a notebook handed out under that id is graded "
+            f"as {exercise}, with a note, when its checks are the same (else it is refused, and says why). Moving a "
+            f"running course: upload this zip to the assignment of {former}, and set its points as above."
+        )
     return 0
