@@ -722,17 +722,14 @@ class GRPOTrainer(Trainer):
         # "dapo" divides by the step's tokens (all processes'): micro-batch losses add up; the others' count 1/M each
         num_items_in_batch = distributed.step_token_count(loss_mask[step_rows])
         loss_scale = 1.0 if config.loss_type == "dapo" else 1.0 / len(micro)
-        old_logps, ref_logps = rollout.old_per_token_logps, rollout.ref_per_token_logps  # (N, T) or None
-        sampling_logps = rollout.sampling_per_token_logps  # (N, T), or None: the policy sampled them itself
+        stored = rollout.old_per_token_logps, rollout.ref_per_token_logps, rollout.sampling_per_token_logps  # (N, T)
         self.optimizer.zero_grad(set_to_none=True)
         step_loss, micro_metrics = 0.0, []
         for i, rows in enumerate(micro):
             with self.gradient_sync(enabled=i == len(micro) - 1):  # torchrun: average gradients after the last
                 with precision_context(self.device, config.bf16):
                     per_token_logps, entropy = self.policy_logps(rollout, rows)  # (n, T), (n, T)
-                old, ref, sampling = (
-                    None if logps is None else logps[rows] for logps in (old_logps, ref_logps, sampling_logps)
-                )  # (n, T)
+                old, ref, sampling = (None if logps is None else logps[rows] for logps in stored)  # (n, T) or None
                 loss, metrics = grpo_loss(
                     per_token_logps, old, ref, advantages[rows], loss_mask[rows], config, num_items_in_batch, sampling
                 )
