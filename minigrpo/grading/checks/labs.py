@@ -370,6 +370,7 @@ def position_sensitive_qwen(model, longest: int):
     (every row numbered from its first padding column) gives the same log-probs within ~1e-5. Here the largest
     position decides the frequencies: rows padded on the left by more columns than `longest` leaves room for, scored
     without position ids numbered from each row's first real token, get the long factors and other log-probs."""
+    import transformers
     from transformers import Qwen2ForCausalLM
 
     config = copy.deepcopy(model.config)
@@ -377,7 +378,9 @@ def position_sensitive_qwen(model, longest: int):
     rope = {"rope_type": "longrope", "short_factor": [1.0] * half, "long_factor": [4.0] * half}
     rope["original_max_position_embeddings"] = longest
     config.max_position_embeddings = 4 * longest
-    if hasattr(config, "rope_parameters"):  # transformers 5
+    # by the version, not by hasattr: transformers 4 keeps a saved config's unknown `rope_parameters` as a plain
+    # attribute (the bundled model was saved by transformers 5) and never reads it
+    if int(transformers.__version__.split(".")[0]) >= 5:
         config.rope_parameters = {**rope, "rope_theta": config.rope_parameters.get("rope_theta", 10000.0)}
     else:  # transformers 4 (its longrope reads the switch from the config itself)
         config.rope_scaling, config.original_max_position_embeddings = rope, longest
