@@ -134,7 +134,9 @@ def _state(arg):
         return {
             "parameters": {n: p.detach().clone() for n, p in arg.named_parameters()},
             "gradients": {n: p.grad.detach().clone() for n, p in arg.named_parameters() if p.grad is not None},
-            "buffers": {n: b.detach().clone() for n, b in arg.named_buffers()},
+            # every name, shared ones too: a buffer that the kernel's forward made one tensor with another (LongRoPE's
+            # inv_freq and original_inv_freq) is still a buffer of its own in the judge's copy
+            "buffers": {n: b.detach().clone() for n, b in arg.named_buffers(remove_duplicate=False)},
         }
     if isinstance(arg, torch.optim.Optimizer):
         return {"optimizer": to_plain(arg.state_dict())}
@@ -367,7 +369,7 @@ def _apply_state(arg, state: dict) -> None:
                 parameter.copy_(state["parameters"][name])
                 gradient = state["gradients"].get(name)
                 parameter.grad = None if gradient is None else gradient.to(parameter.dtype).reshape(parameter.shape)
-            for name, buffer in arg.named_buffers():
+            for name, buffer in arg.named_buffers(remove_duplicate=False):
                 buffer.copy_(state["buffers"][name])
         elif isinstance(arg, torch.optim.Optimizer):
             arg.load_state_dict(state["optimizer"])
