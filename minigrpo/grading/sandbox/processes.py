@@ -159,7 +159,7 @@ def _sandbox_core(sandbox_pid: int) -> list[int]:
 
 
 def _namespace_members(init: int) -> list[int]:
-    """Every process in the PID namespace of `init` (whatever its session or environment)."""
+    """Every process in the PID namespace of `init` (whatever its process group, setsid or environment)."""
     try:
         namespace = os.readlink(PROC / str(init) / "ns" / "pid")
     except OSError:
