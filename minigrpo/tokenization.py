@@ -77,6 +77,57 @@ CHAT_TEMPLATE = (
 )
 
 
+# The tools model's template: Qwen2.5's tool-calling template (the assistant's <tool_call> JSON, the tool's result
+# as a user turn in <tool_response> tags) with its long system prompt cut to one line that names each tool and its
+# parameters ("Tools: calculator(expression)"): Qwen2.5's own costs 787 byte-level tokens for one tool. Each message
+# renders the same whatever follows it (prefix-preserving), which TRL's tool loop relies on.
+TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools or messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}{%- if tools %}{{- '\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- if tools %}{{- 'Tools:' }}{%- for tool in tools %}{%- set tool = tool.function or tool %}"
+    "{{- ' ' + tool.name + '(' + (tool.parameters.properties or {}) | list | join(', ') + ')' }}{%- endfor %}"
+    "{%- endif %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\n' + (message.content or '') }}"
+    "{%- for tool_call in message.tool_calls or [] %}{%- set call = tool_call.function or tool_call %}"
+    "{%- if message.content or not loop.first %}{{- '\n' }}{%- endif %}"
+    "{{- '<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' + call.arguments | tojson + '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+# How transformers (>= 5.13) parses the tools model's replies back into a message (tokenizer.parse_response): what
+# follows "<|im_start|>assistant\n" is content up to <|im_end|>, and each <tool_call>...</tool_call> holds one call's
+# JSON, read as {"type": "function", "function": {"name": ..., "arguments": ...}}. Saved in tokenizer_config.json.
+TOOLS_RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
+
+
 def build_tiny_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
     """The tiny Qwen's tokenizer: byte-level BPE with no merges (byte b is token b), Qwen's chat tokens
     at 256-258, EOS ``<|im_end|>``, pad ``<|endoftext|>``, and the chat template above."""
