@@ -21,7 +21,9 @@ torch.manual_seed(s) before a call still makes it reproducible.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -45,6 +47,7 @@ from minigrpo.logprobs import (
 )
 from minigrpo.models import precision_context
 from minigrpo.time_limits import time_limit
+from minigrpo.tool_calling import Episodes, run_episodes
 
 
 def _padded(side: str):
@@ -68,6 +71,14 @@ class Rollout:
     sampling_per_token_logps | (N, T) | log pi_sampler when a sampler other than the policy drew the completions
                          |        | (vLLM, a bf16 copy: with_sampler_logps), else None (the sampler is the policy)
     completions          | N str  | decoded completions (special tokens removed)
+    tool_mask            | (N, T) | with tools: 1 on the model's tokens, 0 on the tools' results; else None
+    conversations        | N lists | with tools: each episode as TRL's messages (what reward functions get)
+    tool_calls           | (N,)   | with tools: the tool calls each episode made
+    tool_failures        | (N,)   | with tools: those whose result was an error
+
+    With tools a completion is an episode (minigrpo.tool_calling): completion_mask is 1 on every token up to the
+    last turn's EOS, the tools' included (they are attended to), and is_truncated says the last turn has no EOS.
+    trained_mask is what the loss counts.
     """
 
     prompt_ids: torch.Tensor = _padded("left")
@@ -79,6 +90,15 @@ class Rollout:
     old_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
     ref_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
     sampling_per_token_logps: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
+    tool_mask: torch.Tensor | None = field(default=None, metadata={"padded": "right"})
+    conversations: list[list[dict]] | None = None
+    tool_calls: torch.Tensor | None = None
+    tool_failures: torch.Tensor | None = None
+
+    @property
+    def trained_mask(self) -> torch.Tensor:
+        """(N, T) the tokens the policy wrote: the completion mask, times the tool mask in an episode."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -139,8 +159,9 @@ CHAT_TEMPLATE_SECONDS = 10.0
 """The longest one prompt's chat template may take to render (a real template takes milliseconds)."""
 
 
-def render_prompts(tokenizer, prompts: list) -> list[str]:
-    """Chat messages -> text through the tokenizer's chat template; plain strings pass through.
+def render_prompts(tokenizer, prompts: list, tools: Sequence[Callable] | None = None) -> list[str]:
+    """Chat messages -> text through the tokenizer's chat template (which lists `tools`, when given, as the
+    model's own template does); plain strings pass through.
 
     A chat template is a program that comes with the model folder (Jinja, sandboxed by transformers: no file or
     code access, range() capped at 100,000), but nested loops can still run for hours: each prompt's rendering is
@@ -151,7 +172,10 @@ def render_prompts(tokenizer, prompts: list) -> list[str]:
             texts.append(prompt)
             continue
         with time_limit(CHAT_TEMPLATE_SECONDS, functools.partial(_chat_template_too_slow, index)):
-            texts.append(tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+            # tools=None, never []: some templates write their tool preamble for an empty list (TRL does the same)
+            texts.append(
+                tokenizer.apply_chat_template(prompt, tools=tools or None, tokenize=False, add_generation_prompt=True)
+            )
     return texts
 
 
@@ -163,11 +187,11 @@ def _chat_template_too_slow(index: int) -> TimeoutError:
 
 
 def tokenize_prompts(
-    tokenizer, prompts: list, max_prompt_length: int | None, device
+    tokenizer, prompts: list, max_prompt_length: int | None, device, tools: Sequence[Callable] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded prompt ids and mask, (n, P). Fails when a prompt is longer than max_prompt_length (None:
     no limit)."""
-    texts = render_prompts(tokenizer, prompts)
+    texts = render_prompts(tokenizer, prompts, tools)
     encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     check_prompt_length(encoded["input_ids"].shape[1], max_prompt_length, "a prompt")
     return encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
@@ -211,8 +235,11 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_ids: list[int]) -
 GENERATE_HAS_USE_MODEL_DEFAULTS = "use_model_defaults" in inspect.signature(GenerationMixin.generate).parameters
 
 
-def generation_config_for(config, model, tokenizer, greedy: bool = False) -> GenerationConfig:
-    """The GenerationConfig `generate` runs with: greedy decoding in both cases.
+def generation_config_for(
+    config, model, tokenizer, greedy: bool = False, max_new_tokens: int | None = None
+) -> GenerationConfig:
+    """The GenerationConfig `generate` runs with: greedy decoding in both cases, at most `max_new_tokens` tokens
+    (default config.max_completion_length; an episode's later turns get what is left of it).
 
     greedy=True (evaluation): plain greedy decoding, with config.repetition_penalty.
     greedy=False (sampling): greedy decoding that changes nothing, because
@@ -228,7 +255,7 @@ def generation_config_for(config, model, tokenizer, greedy: bool = False) -> Gen
     """
     options = dict(
         do_sample=False,
-        max_new_tokens=config.max_completion_length,
+        max_new_tokens=config.max_completion_length if max_new_tokens is None else max_new_tokens,
         eos_token_id=eos_token_ids(model, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         repetition_penalty=config.repetition_penalty if greedy else 1.0,
@@ -394,8 +421,10 @@ def generate_completions(
     greedy: bool = False,
     num_generations: int = 1,
     group_seeds: list[int] | None = None,
+    max_new_tokens: int | None = None,
 ) -> torch.Tensor:
-    """model.generate with the KV cache -> completion ids (n, T), T <= max_completion_length.
+    """model.generate with the KV cache -> completion ids (n, T), T <= max_new_tokens (default
+    config.max_completion_length).
 
     num_generations=G says the rows are G copies of each prompt (group-major);
     with config.share_prompt_prefix their prompt is then prefilled once per group.
@@ -409,7 +438,7 @@ def generate_completions(
     was_training = model.training
     model.eval()
     with precision_context(prompt_ids.device, config.bf16):
-        generation_config = generation_config_for(config, model, tokenizer, greedy)
+        generation_config = generation_config_for(config, model, tokenizer, greedy, max_new_tokens)
         options = {}
         if GENERATE_HAS_USE_MODEL_DEFAULTS:
             options["use_model_defaults"] = False
@@ -438,6 +467,129 @@ def prefill_shared_prompts(model, prompt_ids: torch.Tensor, prompt_mask: torch.T
     return prompt_cache_per_group(model, prompt_ids[:, :-1], prompt_mask[:, :-1], num_generations)[1]
 
 
+def sample_completions(
+    model,
+    tokenizer,
+    prompts: list,
+    config,
+    num_generations: int = 1,
+    group_seeds: list[int] | None = None,
+    tools: Sequence[Callable] | None = None,
+    greedy: bool = False,
+) -> Rollout:
+    """B prompts -> the Rollout of their N = B * G completions: ids, masks and texts, no log-probs yet.
+
+    Each prompt is rendered and tokenized once, then repeated G times (group-major). With tools, each completion
+    is an episode (complete_episodes); greedy=True decodes greedily (evaluation), else each group samples from
+    its seed."""
+    device = next(model.parameters()).device
+    G = num_generations
+    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, device, tools)
+    prompt_ids, prompt_mask = (x.repeat_interleave(G, dim=0) for x in (prompt_ids, prompt_mask))  # (N, P)
+    if tools and group_seeds is None and not greedy:  # the episodes' later turns derive their seeds from these
+        group_seeds = torch.randint(0, 2**62, (len(prompt_ids) // G,)).tolist()  # as generate_completions draws
+    completion_ids = generate_completions(
+        model, tokenizer, prompt_ids, prompt_mask, config, greedy, num_generations=G, group_seeds=group_seeds
+    )
+    if tools:
+        seeds = None if greedy else group_seeds
+        return complete_episodes(model, tokenizer, prompt_ids, prompt_mask, completion_ids, config, tools, seeds, G)
+    completion_mask, is_truncated = completion_mask_from_eos(completion_ids, eos_token_ids(model, tokenizer))
+    rollout = Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        is_truncated=is_truncated,
+        completions=[],
+    )
+    rollout.completions = tokenizer.batch_decode(rollout.completion_id_lists(), skip_special_tokens=True)
+    return rollout
+
+
+def complete_episodes(
+    model,
+    tokenizer,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    first_turns: torch.Tensor,
+    config,
+    tools: Sequence[Callable],
+    group_seeds: list[int] | None,
+    num_generations: int,
+) -> Rollout:
+    """The episodes that start with the sampled first turns (N, T0): tool calls run and later turns generated by
+    tool_calling.run_episodes. A later turn of row r is sampled from its own seed, a hash of (its group's seed,
+    r's place in the group, the turn), so a row's episode depends on its group's seed alone, as a first turn does.
+    group_seeds None: greedy decoding (evaluation)."""
+    eos_ids, pad_id = eos_token_ids(model, tokenizer), tokenizer.pad_token_id
+    prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask, strict=True)]
+
+    def generate_turns(contexts: list[list[int]], rows: list[int], turn: int) -> list[list[int]]:
+        ids, mask = left_padded(contexts, pad_id, prompt_ids.device)  # (n, L)
+        seeds = None if group_seeds is None else [turn_seed(group_seeds, row, num_generations, turn) for row in rows]
+        used = [len(context) - len(prompts[row]) for context, row in zip(contexts, rows, strict=True)]
+        longest = config.max_completion_length - min(used)  # the most any of them may still write
+        new = generate_completions(
+            model, tokenizer, ids, mask, config, greedy=seeds is None, group_seeds=seeds, max_new_tokens=longest
+        )
+        return token_lists(new, eos_ids)
+
+    context = getattr(model.config, "max_position_embeddings", None)
+    first = token_lists(first_turns, eos_ids)
+    episodes = run_episodes(prompts, first, generate_turns, tokenizer, tools, config, context)
+    return episode_rollout(episodes, prompt_ids, prompt_mask, eos_ids, pad_id, tokenizer)
+
+
+def episode_rollout(episodes: Episodes, prompt_ids, prompt_mask, eos_ids: list[int], pad_id: int, tokenizer) -> Rollout:
+    """The episodes' token lists as the Rollout's right-padded (N, T) tensors. An episode is truncated when its
+    last turn has no EOS."""
+    device = prompt_ids.device
+    lengths = torch.tensor([len(ids) for ids in episodes.completion_ids], device=device)  # (N,)
+    T = max(1, int(lengths.max()))
+    completion_ids = right_padded(episodes.completion_ids, pad_id, T, device)  # (N, T)
+    is_truncated = torch.tensor([not ids or ids[-1] not in eos_ids for ids in episodes.completion_ids], device=device)
+    return Rollout(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=(torch.arange(T, device=device) < lengths.unsqueeze(1)).long(),  # (N, T)
+        is_truncated=is_truncated,
+        completions=tokenizer.batch_decode(episodes.completion_ids, skip_special_tokens=True),
+        tool_mask=right_padded(episodes.tool_mask, 0, T, device),  # (N, T)
+        conversations=episodes.conversations,
+        tool_calls=torch.tensor(episodes.tool_calls, device=device),
+        tool_failures=torch.tensor(episodes.tool_failures, device=device),
+    )
+
+
+def token_lists(completion_ids: torch.Tensor, eos_ids: list[int]) -> list[list[int]]:
+    """(n, T) generated ids -> n lists, each up to and including its first EOS (all T ids when it has none)."""
+    lengths = completion_mask_from_eos(completion_ids, eos_ids)[0].sum(1).tolist()
+    return [row[: int(n)] for row, n in zip(completion_ids.tolist(), lengths, strict=True)]
+
+
+def left_padded(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> left-padded ids and attention mask, (n, L) each, L the longest."""
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([[pad_id] * (width - len(row)) + row for row in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows], device=device)
+    return ids, mask
+
+
+def right_padded(rows: list[list[int]], fill: int, width: int, device) -> torch.Tensor:
+    """Token lists -> (n, width), each row followed by `fill`."""
+    return torch.tensor([row + [fill] * (width - len(row)) for row in rows], dtype=torch.long, device=device)
+
+
+def turn_seed(group_seeds: list[int], row: int, num_generations: int, turn: int) -> int:
+    """The seed of row `row`'s turn `turn` (1, 2, ...): a hash of its group's seed, its place in the group and the
+    turn, so it does not depend on which other rows called a tool."""
+    group, place = divmod(row, num_generations)
+    digest = hashlib.sha256(f"{group_seeds[group]}/{place}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def sample_group_rollout(
     model,
     tokenizer,
@@ -447,6 +599,7 @@ def sample_group_rollout(
     group_seeds: list[int] | None = None,
     num_generations: int | None = None,
     with_old_logps: bool | None = None,
+    tools: Sequence[Callable] | None = None,
 ) -> Rollout:
     """Stage 1 end to end: B prompts -> N = B * G completions with masks and log-probs.
 
@@ -458,25 +611,13 @@ def sample_group_rollout(
     current log-probs, detached, are pi_old exactly, and a forward pass is
     saved), or when with_old_logps=True (evaluation's loss reads them);
     reference log-probs only when beta > 0.
+    tools: Python functions the model may call (TRL's tools=): each completion is then an episode
+    (sample_completions).
     """
     device = next(model.parameters()).device
     G = config.num_generations if num_generations is None else num_generations
-    # Each prompt is rendered and tokenized once, then repeated G times (group-major): (B, P) -> (N, P)
-    prompt_ids, prompt_mask = tokenize_prompts(tokenizer, prompts, config.max_prompt_length, device)
-    prompt_ids, prompt_mask = (x.repeat_interleave(G, dim=0) for x in (prompt_ids, prompt_mask))
-    completion_ids = generate_completions(
-        model, tokenizer, prompt_ids, prompt_mask, config, num_generations=G, group_seeds=group_seeds
-    )
-    completion_mask, is_truncated = completion_mask_from_eos(completion_ids, eos_token_ids(model, tokenizer))
-    rollout = Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        is_truncated=is_truncated,
-        completions=[],
-    )
-    rollout.completions = tokenizer.batch_decode(rollout.completion_id_lists(), skip_special_tokens=True)
+    rollout = sample_completions(model, tokenizer, prompts, config, G, group_seeds, tools)
+    completion_ids = rollout.completion_ids
     input_ids, attention_mask, T = rollout.input_ids, rollout.attention_mask, completion_ids.shape[1]
     options = dict(
         batch_size=config.per_device_train_batch_size,

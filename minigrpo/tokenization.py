@@ -97,7 +97,8 @@ TOOLS_CHAT_TEMPLATE = (
     "{{- '<|im_start|>assistant\n' + (message.content or '') }}"
     "{%- for tool_call in message.tool_calls or [] %}{%- set call = tool_call.function or tool_call %}"
     "{%- if message.content or not loop.first %}{{- '\n' }}{%- endif %}"
-    "{{- '<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' + call.arguments | tojson + '}\n</tool_call>' }}"
+    '{{- \'<tool_call>\n{"name": "\' + call.name + \'", "arguments": \' }}'
+    "{{- call.arguments | tojson + '}\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\n' }}"
     "{%- elif message.role == 'tool' %}"
