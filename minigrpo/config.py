@@ -308,6 +308,11 @@ class GRPOConfig:
     """Min-p sampling threshold (None: off). Off is what the policy gradient assumes."""
     repetition_penalty: Annotated[float, Option("generation", trains=True)] = 1.0
     """Generation's repetition penalty (1.0: off)."""
+    max_tool_calling_iterations: Annotated[int | None, Option("generation", trains=True)] = None
+    """With tools (GRPOTrainer(tools=...)): at most this many rounds of tool calls in one episode (None: until a turn
+    calls no tool or the episode's max_completion_length tokens run out), as in TRL."""
+    tool_timeout: Annotated[float | None, Option("generation", resume_free=True)] = 10.0
+    """Seconds one tool call may take before its result is an error (None: no limit). minigrpo's own: TRL waits."""
 
     # --- evaluation, logging, checkpoints ---------------------------------------
     logging_steps: Annotated[
@@ -611,9 +616,15 @@ class GRPOConfig:
                 f"num_completions_to_print={self.num_completions_to_print}: print 1 or more, or None for all (set "
                 "log_completions=False to print none)."
             )
-        if self.reward_timeout is not None and not self.reward_timeout > 0:
+        for name in ("reward_timeout", "tool_timeout"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(
+                    f"{name}={getattr(self, name)}: give a positive number of seconds, or None for no limit."
+                )
+        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
             raise ValueError(
-                f"reward_timeout={self.reward_timeout}: give a positive number of seconds, or None for no limit."
+                f"max_tool_calling_iterations={self.max_tool_calling_iterations}: give 0 or more rounds of tool "
+                "calls per episode, or None for no limit."
             )
 
     def to_dict(self) -> dict:
@@ -743,6 +754,7 @@ DEEPSEEKMATH_ALGORITHM = dict(
     top_k=0,
     min_p=None,
     repetition_penalty=1.0,
+    max_tool_calling_iterations=None,  # tools (TRL's default): rounds of calls until a turn calls none
     # advantages, "outcome supervision" (4.1.2): A_i = (r_i - mean(r)) / std(r), every token of o_i
     scale_rewards="group",
     baseline="mean",

@@ -66,7 +66,6 @@ INSTEAD = {
     "generation_kwargs": "set temperature, top_p, top_k, min_p and repetition_penalty (fields of GRPOConfig)",
     "chat_template_kwargs": "prompts are rendered with the tokenizer's chat template as it is",
     "cache_implementation": "set fast_generation=True for a static KV cache on a GPU",
-    "max_tool_calling_iterations": "completions are single turns; tool use is TRL's (lesson 08)",
     # logging and evaluation
     "log_level": "use Python's logging for transformers (transformers.logging.set_verbosity_*)",
     "log_level_replica": "under torchrun only the main process prints and logs",
@@ -360,8 +359,20 @@ def _listed(values: list[int]) -> str:
     return " or ".join(filter(None, [", ".join(map(str, values[:-1])), str(values[-1])]))
 
 
-def check_trl_keywords(optimizers, quantization_config) -> None:
+def check_trl_keywords(optimizers, quantization_config, rollout_func=None, environment_factory=None) -> None:
     """The GRPOTrainer keywords of TRL that minigrpo accepts only in the form it implements."""
+    if rollout_func is not None:
+        raise ValueError(
+            "rollout_func: minigrpo samples its own rollouts (stage 1, rollout.py), so a custom generation backend "
+            "is TRL's domain. For tool use pass tools=[...]; to change what is sampled, subclass GRPOTrainer and "
+            "override generate_and_score."
+        )
+    if environment_factory is not None:
+        raise ValueError(
+            "environment_factory: stateful environments are TRL's (experimental) feature; minigrpo runs stateless "
+            "tools. Pass their methods as plain functions in tools=[...], keeping any state in a closure, or train "
+            "with TRL's GRPOTrainer."
+        )
     if tuple(optimizers or (None, None)) != (None, None):
         raise ValueError(
             "optimizers=(optimizer, scheduler): minigrpo builds its AdamW and learning-rate schedule from the "
