@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,7 @@ from minigrpo.run.progress import RunProgress, library_bars_off
 from minigrpo.run.resume import CheckpointMixin, termination_as_interrupt
 from minigrpo.run.schedule import PromptSampler, lr_at, micro_batches, optimizer_step_rows, resolve_max_steps
 from minigrpo.run.trl_api import TrlTrainerMixin
+from minigrpo.tool_calling import check_tool_support
 from minigrpo.trl_compat import check_trl_keywords
 
 if TYPE_CHECKING:  # imported where train() returns: transformers.trainer_utils pulls in peft (and bitsandbytes)
@@ -111,6 +112,8 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
     """Whether config.dynamic_sampling (DAPO's refill) is implemented: GRPOTrainer's collect_rollout."""
     supports_eval_loss = False
     """Whether config.num_generations_eval (eval_loss) is implemented: GRPOTrainer.evaluation_loss."""
+    supports_tools = False
+    """Whether tools= (tool-calling episodes, their tool mask in the loss) is implemented: GRPOTrainer's update."""
 
     def __init__(
         self,
@@ -125,11 +128,14 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         optimizers=(None, None),
         quantization_config=None,
         peft_config=None,
+        tools: Sequence[Callable] | None = None,
+        rollout_func=None,
+        environment_factory=None,
         *,
         ref_model: PreTrainedModel | None = None,
     ):
         self.config = args if args is not None else self.config_class()
-        check_trl_keywords(optimizers, quantization_config)
+        check_trl_keywords(optimizers, quantization_config, rollout_func, environment_factory)
         if train_dataset is None:
             raise ValueError(f"{type(self).__name__} needs a train_dataset with a 'prompt' column.")
         # before the model loads: a list or a DataFrame is refused, an IterableDataset read into a Dataset
@@ -146,6 +152,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         self.model = distributed.local_device(self.model, self.config.use_cpu)
         self.device = next(self.model.parameters()).device
         self.reward_funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, self.device)
+        self.tools = self._checked_tools(tools)  # [] without tools: every completion is one turn
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self._check_inputs()
         check_bf16_request(self.device, self.config.bf16)
@@ -289,8 +296,23 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                 "Run it in one process (python, not torchrun), or set dynamic_sampling=False."
             )
 
+    def _checked_tools(self, tools: Sequence[Callable] | None) -> list[Callable]:
+        """tools= as a list, refused where the trainer or the tokenizer cannot run episodes (what to change)."""
+        if not tools:
+            return []
+        if not self.supports_tools:
+            raise NotImplementedError(
+                f"tools=: {type(self).__name__} trains single-turn completions; GRPOTrainer runs tool-calling "
+                "episodes with their tool mask. Use GRPOTrainer, or drop tools."
+            )
+        if callable(tools):
+            tools = [tools]
+        check_tool_support(self.tokenizer, tools)
+        return list(tools)
+
     def _prompt_token_ids(self, prompts) -> list[list[int]]:
-        return self.tokenizer(render_prompts(self.tokenizer, list(prompts)), add_special_tokens=False)["input_ids"]
+        texts = render_prompts(self.tokenizer, list(prompts), self.tools)
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
 
     # --- the loop -----------------------------------------------------------------
     def train(
@@ -415,7 +437,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         batch = self.train_dataset[indices]
         started = time.perf_counter()
         rollout = sample_group_rollout(
-            self.model, self.tokenizer, batch["prompt"], config, self.ref_model, group_seeds=group_seeds
+            self.model, self.tokenizer, batch["prompt"], config, self.ref_model, group_seeds, tools=self.tools
         )
         scored = time.perf_counter()
         extras = RewardExtras(trainer_state=self.state)
@@ -430,8 +452,9 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
                 "extra": extras.extra_columns,
             }
         )
-        # TRL's num_tokens (prompt + completion tokens generated): this rank's, summed over the ranks in collect_rollout
-        self._tokens_generated += int(rollout.prompt_mask.sum() + rollout.completion_mask.sum())
+        # TRL's num_tokens (prompt + completion tokens the model generated, tools' not counted): this rank's, summed
+        # over the ranks in collect_rollout
+        self._tokens_generated += int(rollout.prompt_mask.sum() + rollout.trained_mask.sum())
         metrics = {"time/rollout": scored - started, "time/rewards": time.perf_counter() - scored}
         metrics.update(extras.metric_means())  # what the reward functions logged with log_metric
         return rollout, rewards_per_func, rewards, metrics
@@ -443,10 +466,12 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
         with the dataset's other columns -> rewards_per_func (N, F), rewards (N,), the weighted sum."""
         prompts = repeat_for_group(batch["prompt"], num_generations)
         columns = {k: repeat_for_group(v, num_generations) for k, v in batch.items() if k != "prompt"}
+        # with tools, each completion is its episode's messages; else chat prompts get [{"role": "assistant", ...}]
+        completions = rollout.conversations or as_trl_completions(prompts, rollout.completions)
         return compute_rewards(
             self.reward_funcs,
             prompts,
-            as_trl_completions(prompts, rollout.completions),  # chat prompts: [{"role": "assistant", ...}] each
+            completions,
             rollout.completion_id_lists(),
             columns,
             self.config.reward_weights,
@@ -502,7 +527,7 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
             raise ValueError(
                 "evaluate() needs held-out prompts: pass eval_dataset= to the trainer or to evaluate(eval_dataset)."
             )
-        metrics = evaluate_model(self.model, self.tokenizer, dataset, self.reward_funcs, self.config)
+        metrics = evaluate_model(self.model, self.tokenizer, dataset, self.reward_funcs, self.config, self.tools)
         if self.supports_eval_loss and self.config.eval_generations is not None:
             metrics["eval_loss"] = self.evaluation_loss(dataset)
         self.callback_handler.fire("on_evaluate", self, metrics=metrics)
@@ -528,9 +553,10 @@ class Trainer(CheckpointMixin, TrlTrainerMixin):
 
     # --- the update: what every algorithm's step shares ----------------------------------
     def loss_mask(self, rollout: Rollout) -> torch.Tensor:
-        """(N, T) the tokens the loss counts: the completion mask, minus every token of a truncated completion
-        when config.mask_truncated_completions (DAPO: a cut-off answer is not a wrong answer)."""
-        mask = rollout.completion_mask
+        """(N, T) the tokens the loss counts: those the policy wrote (rollout.trained_mask: with tools, not the tools'
+        results), minus every token of a truncated completion when config.mask_truncated_completions (DAPO: a
+        cut-off answer is not a wrong answer)."""
+        mask = rollout.trained_mask
         if self.config.mask_truncated_completions:
             mask = mask * (~rollout.is_truncated).unsqueeze(1)  # (N, T)
         return mask
@@ -648,6 +674,7 @@ class GRPOTrainer(Trainer):
     supports_distributed = True
     supports_dynamic_sampling = True
     supports_eval_loss = True
+    supports_tools = True
 
     def update(self, rollout: Rollout, rewards: torch.Tensor) -> dict:
         """Stage 3, the advantages of the rewards (N,), then stage 4: one grpo_step per optimizer step, each on a
@@ -691,7 +718,7 @@ class GRPOTrainer(Trainer):
             seeds = distributed.group_seeds(config.seed, self.step, (f"eval/{i}" for i in chunk))
             # pi_old's log-probs, kept: at evaluation they are the policy's, scored in groups of G'
             rollout = sample_group_rollout(
-                self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G, with_old_logps=True
+                self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G, True, self.tools
             )
             _, rewards = self.score(batch, rollout, G)
             rollouts.append(rollout)

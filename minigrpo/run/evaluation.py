@@ -17,8 +17,15 @@ import numpy as np
 
 from minigrpo.config import GRPOConfig
 from minigrpo.rewards import accuracy_reward_index, as_trl_completions, compute_rewards, reward_func_name
-from minigrpo.rollout import completion_mask_from_eos, eos_token_ids, generate_completions, tokenize_prompts
+from minigrpo.rollout import (
+    completion_mask_from_eos,
+    eos_token_ids,
+    generate_completions,
+    sample_completions,
+    tokenize_prompts,
+)
 from minigrpo.run import distributed
+from minigrpo.run.metrics import tool_call_metrics
 from minigrpo.tasks.arithmetic import extract_answer
 
 
@@ -44,21 +51,47 @@ def greedy_completions(model, tokenizer, prompts: list, config: GRPOConfig) -> l
     return tokenizer.batch_decode(greedy_completion_ids(model, tokenizer, prompts, config), skip_special_tokens=True)
 
 
-def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig) -> dict:
+def greedy_episodes(model, tokenizer, prompts: list, config: GRPOConfig, tools: Sequence[Callable]) -> list[tuple]:
+    """The greedy episodes of `prompts` with `tools` (rollout.sample_completions), config.eval_batch_size prompts
+    at a time: (ids, conversation, tool calls, failed calls) for each prompt."""
+    episodes = []
+    for start in range(0, len(prompts), config.eval_batch_size):
+        batch = prompts[start : start + config.eval_batch_size]
+        rollout = sample_completions(model, tokenizer, batch, config, tools=tools, greedy=True)
+        calls, failures = rollout.tool_calls.tolist(), rollout.tool_failures.tolist()
+        episodes += zip(rollout.completion_id_lists(), rollout.conversations, calls, failures, strict=True)
+    return episodes
+
+
+def evaluate_model(
+    model, tokenizer, dataset, reward_funcs: Sequence[Callable], config: GRPOConfig, tools: Sequence[Callable] = ()
+) -> dict:
     """Greedy held-out evaluation, under TRL's names: eval_reward (the weighted sum's mean) and
     eval_rewards/<name>/mean for each reward function, and minigrpo's eval_accuracy: the accuracy reward's mean
     whatever the order of reward_funcs (rewards.accuracy_reward_index: the function marked is_accuracy_reward,
     else the one named correctness_reward or accuracy_reward, else the first). Under torchrun every rank must
-    call it: the prompts are shared out and the completions gathered."""
+    call it: the prompts are shared out and the completions gathered.
+
+    With tools, each answer is a greedy episode and the tools' metrics are TRL's: eval_tools/call_frequency
+    (calls per episode) and eval_tools/failure_frequency (the share of calls that failed)."""
     prompts = list(dataset["prompt"])
+    tool_metrics = {}
     # Under torchrun each rank completes a slice of the prompts; every rank gets all completions back, in order.
-    completion_ids = distributed.map_shards(lambda part: greedy_completion_ids(model, tokenizer, part, config), prompts)
-    completions = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    if tools:
+        episodes = distributed.map_shards(lambda part: greedy_episodes(model, tokenizer, part, config, tools), prompts)
+        completion_ids, completions, calls, failures = (list(column) for column in zip(*episodes, strict=True))
+        tool_metrics = tool_call_metrics(sum(calls), sum(failures), len(prompts), prefix="eval_")
+    else:
+        completion_ids = distributed.map_shards(
+            lambda part: greedy_completion_ids(model, tokenizer, part, config), prompts
+        )
+        # chat prompts: [{"role": "assistant", "content": ...}] each
+        completions = as_trl_completions(prompts, tokenizer.batch_decode(completion_ids, skip_special_tokens=True))
     columns = {name: list(dataset[name]) for name in dataset.column_names if name != "prompt"}
     rewards_per_func, rewards = compute_rewards(
         reward_funcs,
         prompts,
-        as_trl_completions(prompts, completions),  # chat prompts: [{"role": "assistant", "content": ...}] each
+        completions,
         completion_ids,  # the real ids: a length-based reward reads the same lengths as in training
         columns,
         config.reward_weights,
@@ -68,7 +101,7 @@ def evaluate_model(model, tokenizer, dataset, reward_funcs: Sequence[Callable], 
     metrics = {"eval_accuracy": accuracy.nanmean().item(), "eval_reward": rewards.mean().item()}
     for f, func in enumerate(reward_funcs):
         metrics[f"eval_rewards/{reward_func_name(func)}/mean"] = rewards_per_func[:, f].nanmean().item()
-    return metrics
+    return metrics | tool_metrics
 
 
 # --- k samples per problem: pass@k and maj@k --------------------------------------------------

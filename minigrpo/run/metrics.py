@@ -94,17 +94,30 @@ def advantage_metrics(advantages: torch.Tensor, num_generations: int, ddof: int 
 
 def completion_metrics(rollout: Rollout, num_generations: int) -> dict:
     """completions/mean_length, min/max_length, clipped_ratio (truncated), mean_terminated_length,
-    distinct_per_group."""
-    lengths = rollout.completion_mask.sum(1).float()  # (N,)
+    distinct_per_group; with tools, the lengths count the model's tokens only (as TRL's), and tools/* are added."""
+    lengths = rollout.trained_mask.sum(1).float()  # (N,)
     terminated = lengths[~rollout.is_truncated]
     distinct = distinct_per_group(rollout.completion_id_lists(), num_generations)  # (B,)
-    return {
+    metrics = {
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
         "completions/clipped_ratio": rollout.is_truncated.float().mean().item(),
         "completions/mean_terminated_length": terminated.mean().item() if terminated.numel() else 0.0,
         "completions/distinct_per_group": distinct.float().mean().item(),
+    }
+    if rollout.tool_calls is not None:
+        calls, failures = int(rollout.tool_calls.sum()), int(rollout.tool_failures.sum())
+        metrics |= tool_call_metrics(calls, failures, len(rollout.tool_calls))
+    return metrics
+
+
+def tool_call_metrics(calls: int, failures: int, num_completions: int, prefix: str = "") -> dict:
+    """TRL's tool metrics: tools/call_frequency, the calls per completion (an episode may make several), and
+    tools/failure_frequency, the share of calls whose result was an error (0 when none was made)."""
+    return {
+        f"{prefix}tools/call_frequency": calls / max(num_completions, 1),
+        f"{prefix}tools/failure_frequency": failures / calls if calls else 0.0,
     }
 
 
