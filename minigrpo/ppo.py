@@ -300,8 +300,9 @@ class PPOTrainer(Trainer):
 
     The critic is a fourth model (`self.critic`), checkpointed next to the
     policy in checkpoint-N/critic/. The signature is GRPOTrainer's (TRL's order), plus keyword-only
-    ``ref_model``, ``peft_config`` and ``critic``. With a ``peft_config`` the policy trains LoRA adapters
-    and so does the critic built for it (its own adapters on its own frozen copy; its head in full).
+    ``ref_model``, ``peft_config`` and ``critic`` (and ``tools``, refused: PPO's update has no tool mask). With a
+    ``peft_config`` the policy trains LoRA adapters and so does the critic built for it (its own adapters on its own
+    frozen copy; its head in full).
     """
 
     config_class = PPOConfig
@@ -318,6 +319,7 @@ class PPOTrainer(Trainer):
         ref_model=None,
         peft_config=None,
         critic: ValueModel | None = None,
+        tools=None,
     ):
         if args is not None and not isinstance(args, PPOConfig):
             raise TypeError(
@@ -342,8 +344,9 @@ class PPOTrainer(Trainer):
             train_dataset,
             eval_dataset,
             processing_class,
-            ref_model=ref_model,
             peft_config=peft_config,
+            tools=tools,  # refused with what to do instead: PPO's update has no tool mask
+            ref_model=ref_model,
         )
 
     def trainable_modules(self) -> dict[str, nn.Module]:
