@@ -22,6 +22,9 @@ T completion tokens, V vocabulary. Rows are group-major: row b * G + g is comple
 The choices the package leaves to its config are fixed here to the tiny preset's (and the paper's): the group's mean
 as the baseline, its Bessel-corrected std as the scale, the k3 KL not weighted by the ratio, one ratio per token,
 no top-k / top-p. Lesson 07 shows the variants (Dr. GRPO, DAPO, GSPO, RLOO) as changes to those choices.
+
+Completions here are single turns: a tool-calling episode changes no equation above, only which tokens the mask
+counts, and its loop of parsing, tools and budgets would double this file (minigrpo/tool_calling.py has it).
 """
 
 from __future__ import annotations
