@@ -219,12 +219,19 @@ def run_episodes(
     return episodes
 
 
+def reads_tool_calls(tokenizer) -> bool:
+    """Can this tokenizer parse a model's reply into a message with its tool calls? Its parse_response takes the
+    prompt before the reply (prefix=) from transformers 5.13, the first version whose response_template parser the
+    tool loop relies on."""
+    parse_response = getattr(tokenizer, "parse_response", None)
+    return parse_response is not None and "prefix" in inspect.signature(parse_response).parameters
+
+
 def check_tool_support(tokenizer, tools: Sequence[Callable]) -> None:
     """Refuse, before training, a tokenizer that cannot run tool-calling episodes, saying what to change: it needs a
     response_template (transformers >= 5.13) to read the calls, and a chat template that renders a call and its
     result (TRL's supports_tool_calling) and renders each message the same whatever follows (tool_result_ids)."""
-    parse_response = getattr(tokenizer, "parse_response", None)
-    if parse_response is None or "prefix" not in inspect.signature(parse_response).parameters:
+    if not reads_tool_calls(tokenizer):
         raise ImportError(
             "tools= needs transformers >= 5.13, whose tokenizer.parse_response reads a model's tool calls: "
             "pip install -U 'transformers>=5.13'."

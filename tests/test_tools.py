@@ -13,10 +13,12 @@ from minigrpo.losses import grpo_loss
 from minigrpo.measuring.crosscheck_tools import TOOLS, scripted_dataset, scripted_generate_completions
 from minigrpo.rollout import Rollout
 from minigrpo.tasks.arithmetic import correctness_reward
-from minigrpo.tokenization import TOOLS_CHAT_TEMPLATE, TOOLS_RESPONSE_TEMPLATE
-from minigrpo.tool_calling import call_tool, check_tool_support, run_episodes, tools_by_name
+from minigrpo.tokenization import TOOLS_CHAT_TEMPLATE, TOOLS_RESPONSE_TEMPLATE, build_tiny_tokenizer
+from minigrpo.tool_calling import call_tool, check_tool_support, reads_tool_calls, run_episodes, tools_by_name
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="trl is not installed (the bench extra)")
+PARSES_TOOL_CALLS = reads_tool_calls(build_tiny_tokenizer())
+needs_parsing = pytest.mark.skipif(not PARSES_TOOL_CALLS, reason="transformers < 5.13: tools= is refused there")
 
 
 @pytest.fixture
@@ -58,6 +60,7 @@ def tools_trainer(scripted, tmp_path, **overrides) -> GRPOTrainer:
 
 # --- equal to TRL -----------------------------------------------------------------------
 @needs_trl
+@needs_parsing
 def test_episodes_tool_mask_rewards_advantages_and_loss_equal_trls():
     from minigrpo.measuring.crosscheck_tools import crosscheck_tools
 
@@ -69,6 +72,7 @@ def test_episodes_tool_mask_rewards_advantages_and_loss_equal_trls():
         assert diffs[loss_type] <= 1e-6 and diffs[f"grad/{loss_type}"] <= 1e-4, (loss_type, diffs)
 
 
+@needs_parsing
 def test_the_script_takes_every_branch_of_the_loop(scripted, tmp_path):
     rollout, _, rewards, _ = tools_trainer(scripted, tmp_path).generate_and_score(2)
     assert rollout.tool_calls.tolist() == [1, 0, 1, 0, 2, 1, 1, 1]  # two rounds in row 4
@@ -85,6 +89,7 @@ def test_the_script_takes_every_branch_of_the_loop(scripted, tmp_path):
 
 
 # --- the tools' tokens are never trained on ----------------------------------------------------
+@needs_parsing
 def test_tool_result_tokens_get_exactly_zero_gradient_and_would_without_the_mask(scripted, tmp_path):
     trainer = tools_trainer(scripted, tmp_path, beta=0.04)
     rollout, _, rewards, _ = trainer.generate_and_score(2)
@@ -115,6 +120,7 @@ def test_tool_result_tokens_get_exactly_zero_gradient_and_would_without_the_mask
     assert not all(torch.equal(a, b) for a, b in zip(unmasked, unmasked_perturbed, strict=True))
 
 
+@needs_parsing
 def test_rollout_operations_carry_the_tool_mask_row_for_row(scripted, tmp_path):
     rollout = tools_trainer(scripted, tmp_path).generate_and_score(2)[0]
     picked = rollout.select(torch.tensor([6, 0]))
@@ -130,6 +136,7 @@ def test_rollout_operations_carry_the_tool_mask_row_for_row(scripted, tmp_path):
     assert joined.trained_mask[0].sum() == 20 and joined.tool_mask.shape == joined.completion_mask.shape
 
 
+@needs_parsing
 def test_mask_truncated_completions_drops_the_whole_episode(scripted, tmp_path):
     trainer = tools_trainer(scripted, tmp_path, mask_truncated_completions=True)
     rollout = trainer.generate_and_score(2)[0]
@@ -138,6 +145,7 @@ def test_mask_truncated_completions_drops_the_whole_episode(scripted, tmp_path):
     assert torch.equal(mask[~rollout.is_truncated], rollout.trained_mask[~rollout.is_truncated])
 
 
+@needs_parsing
 def test_training_with_dynamic_sampling_logs_and_evaluation_reports_the_tools(scripted, tmp_path):
     trainer = tools_trainer(
         scripted, tmp_path, dynamic_sampling=True, log_completions=True, num_completions_to_print=2, eval_steps=1
@@ -170,6 +178,7 @@ def call_ids(tokenizer, expression: str = "2*3") -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+@needs_parsing
 @pytest.mark.parametrize("rounds", [0, 1, 2, None])
 def test_max_tool_calling_iterations_bounds_the_rounds_of_calls(tools_tiny, rounds):
     _, tokenizer = tools_tiny
@@ -227,7 +236,14 @@ def test_tools_that_cannot_run_are_refused_by_name():
         tools_by_name(["calculator"])
 
 
+@needs_parsing
 def test_a_tokenizer_that_cannot_run_episodes_is_refused_with_what_to_do(tiny):
+    class BeforeTransformers513:
+        def parse_response(self, response, schema=None):  # no prefix=: the schema parser only
+            return {}
+
+    with pytest.raises(ImportError, match=r"transformers >= 5.13"):
+        check_tool_support(BeforeTransformers513(), [calculator])
     _, tokenizer = tiny
     with pytest.raises(ValueError, match="no response_template"):
         check_tool_support(tokenizer, [calculator])
