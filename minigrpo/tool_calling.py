@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from minigrpo.time_limits import time_limit
+from minigrpo.tokenization import TOOLS_RESPONSE_TEMPLATE
 
 
 @dataclass
@@ -227,29 +228,38 @@ def reads_tool_calls(tokenizer) -> bool:
     return parse_response is not None and "prefix" in inspect.signature(parse_response).parameters
 
 
+PROBE_CALL = {"type": "function", "function": {"name": "tool_name_x", "arguments": {"arg_key_x": "arg_value_x"}}}
+PROBE = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
+    {"role": "tool", "name": "tool_name_x", "content": "tool_result_x"},
+]
+"""A tool-calling conversation with a word to find in each part (TRL's supports_tool_calling probe)."""
+QWEN_CALL = '<|im_start|>assistant\n<tool_call>\n{"name": "tool_name_x", "arguments": {"arg_key_x": "arg_value_x"}}'
+
+
 def check_tool_support(tokenizer, tools: Sequence[Callable]) -> None:
     """Refuse, before training, a tokenizer that cannot run tool-calling episodes, saying what to change: it needs a
     response_template (transformers >= 5.13) to read the calls, and a chat template that renders a call and its
-    result (TRL's supports_tool_calling) and renders each message the same whatever follows (tool_result_ids)."""
+    result (TRL's supports_tool_calling) and renders each message the same whatever follows (tool_result_ids).
+
+    A tokenizer without a response_template whose chat template writes calls as Qwen2.5's does (<tool_call> JSON)
+    gets tokenization.TOOLS_RESPONSE_TEMPLATE, as TRL's add_response_schema gives Qwen2.5 its own."""
     if not reads_tool_calls(tokenizer):
         raise ImportError(
             "tools= needs transformers >= 5.13, whose tokenizer.parse_response reads a model's tool calls: "
             "pip install -U 'transformers>=5.13'."
         )
+    tools_by_name(tools)
+    rendered = tokenizer.apply_chat_template(PROBE, tokenize=False)
+    if getattr(tokenizer, "response_template", None) is None and QWEN_CALL in rendered:
+        tokenizer.response_template = TOOLS_RESPONSE_TEMPLATE
     if getattr(tokenizer, "response_template", None) is None:
         raise ValueError(
-            "tools=: the tokenizer has no response_template, so the model's tool calls cannot be parsed. The bundled "
-            "model 'tiny-tools' ships one; for Qwen2.5 set tokenizer.response_template = "
-            "minigrpo.tokenization.TOOLS_RESPONSE_TEMPLATE (or trl.chat_template_utils.add_response_schema)."
+            "tools=: the tokenizer has no response_template, so the model's tool calls cannot be parsed. Set "
+            "tokenizer.response_template to one for its chat template (transformers' response parsing; "
+            "trl.chat_template_utils.add_response_schema knows several), or use a Qwen model ('tiny-tools', Qwen2.5)."
         )
-    tools_by_name(tools)
-    call = {"type": "function", "function": {"name": "tool_name_x", "arguments": {"arg_key_x": "arg_value_x"}}}
-    messages = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "name": "tool_name_x", "content": "tool_result_x"},
-    ]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
     missing = [word for word in ("tool_name_x", "arg_key_x", "arg_value_x", "tool_result_x") if word not in rendered]
     if missing:
         raise ValueError(
@@ -257,4 +267,4 @@ def check_tool_support(tokenizer, tools: Sequence[Callable]) -> None:
             "would never see its calls or their results. Use a template that renders tool_calls and tool messages "
             "(the bundled 'tiny-tools' model's, or Qwen2.5's)."
         )
-    tool_result_ids(tokenizer, messages[2:])  # raises when the template is not prefix-preserving
+    tool_result_ids(tokenizer, PROBE[2:])  # raises when the template is not prefix-preserving

@@ -131,3 +131,39 @@ def test_two_grpo_steps_with_the_real_tokenizer(tokenizer, tmp_path):
     assert any(step["completions/clipped_ratio"] < 1 for step in history), "no completion stopped at <|im_end|>"
     assert "eval_accuracy" in history[-1]
     assert not torch.equal(before, model.model.layers[0].mlp.up_proj.weight)
+
+
+def test_qwen25_reads_its_own_tool_calls_with_the_tool_calling_loop(tokenizer):
+    """tools= with Qwen2.5: its chat template writes calls as <tool_call> JSON, so check_tool_support gives the
+    tokenizer TOOLS_RESPONSE_TEMPLATE (as TRL's add_response_schema gives it its own), and a call written as Qwen's
+    own tokens (<tool_call> is one added token) parses into the call."""
+    from minigrpo.tokenization import TOOLS_RESPONSE_TEMPLATE
+    from minigrpo.tool_calling import check_tool_support, parse_turn, reads_tool_calls, tool_result_ids
+
+    if not reads_tool_calls(tokenizer):
+        pytest.skip("transformers < 5.13: tools= is refused there")
+
+    def calculator(expression: str) -> str:
+        """Evaluate an expression.
+
+        Args:
+            expression: integers with + - *.
+        """
+        return "6"
+
+    try:
+        check_tool_support(tokenizer, [calculator])
+        assert tokenizer.response_template == TOOLS_RESPONSE_TEMPLATE
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2*3?"}], tools=[calculator],
+                                               add_generation_prompt=True, return_dict=False)  # fmt: skip
+        turn = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2*3"}}\n</tool_call><|im_end|>'
+        ids = tokenizer(turn, add_special_tokens=False)["input_ids"]
+        assert ids[0] == tokenizer.convert_tokens_to_ids("<tool_call>")
+        call = parse_turn(tokenizer, ids, prompt, [calculator])["tool_calls"][0]["function"]
+        assert call == {"name": "calculator", "arguments": {"expression": "2*3"}}
+        result = tool_result_ids(tokenizer, [{"role": "tool", "name": "calculator", "content": "6"}])
+        assert tokenizer.decode(result) == "\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n" + (
+            "<|im_start|>assistant\n"
+        )
+    finally:
+        tokenizer.response_template = None
