@@ -331,12 +331,12 @@ def _called_expression(message: dict) -> str | None:
 
 def pretrain_tiny_tools(
     output_dir: str | Path = TINY_TOOLS_MODEL_DIR,
-    max_steps: int = 1500,
+    max_steps: int = 1800,
     batch_size: int = 32,
     learning_rate: float = 3e-3,
     warmup_steps: int = 100,
     tool_row_rate: float = TOOL_ROW_RATE,
-    eval_samples: int = 200,
+    eval_samples: int = 1000,
     seed: int = 0,
 ) -> dict:
     """Build the tools model (TINY_TOOLS_MODEL_SIZE), fine-tune it for `max_steps` on calculator problems, a
@@ -355,7 +355,7 @@ def pretrain_tiny_tools(
     call_tool = [rng.random() < tool_row_rate for _ in range(len(train))]
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / warmup_steps, (max_steps - step) / (max_steps - warmup_steps))
+        optimizer, lambda step: min((step + 1) / warmup_steps, (max_steps - step) / max(1, max_steps - warmup_steps))
     )
     print(
         f"tiny tools Qwen: {count_parameters(model):,} parameters; {max_steps} steps of SFT on batches of "
