@@ -11,6 +11,15 @@ reproduces the checkpoint shipped in minigrpo/assets/tiny-qwen.
 
 `build_sft_batch` is the general piece (any prompts and completions, any
 tokenizer): the supervised fine-tuning batch with its masks, shifted by one.
+
+    python -m minigrpo pretrain-tiny --tools
+
+makes the second bundled model, minigrpo/assets/tiny-qwen-tools, for the
+calculator task (minigrpo.tasks.calculator): a share of its training rows call
+the calculator and copy its result into the answer, the others guess; the loss
+covers the model's own turns only (`build_segments_batch`), never the tool's.
+It starts calling the tool on about a quarter of the problems and is right
+almost only when it calls: the room GRPO needs to raise the call rate.
 """
 
 from __future__ import annotations
