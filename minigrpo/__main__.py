@@ -6,6 +6,7 @@ python -m minigrpo train --resume             # continue from the last checkpoin
 python -m minigrpo train --resume --allow-dataset-change  # ... on another training set (sampler restarted)
 python -m minigrpo eval --model runs/minigrpo/final
 python -m minigrpo pretrain-tiny              # rebuild the bundled tiny Qwen
+python -m minigrpo pretrain-tiny --tools      # rebuild the bundled tools model (the calculator task)
 torchrun --nproc-per-node 2 -m minigrpo train # data-parallel on 2 processes (GPUs, or CPU with gloo)
 
 A mistake in the command (a missing model folder, an output folder that is a
@@ -329,13 +330,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     pretrain = add_command("pretrain-tiny", help="rebuild the bundled tiny Qwen (supervised warm-up)")
     pretrain.add_argument(
-        "--output-dir", default=None, help="where to write it (default: the package's assets/tiny-qwen)"
+        "--output-dir",
+        default=None,
+        help="where to write it (default: the package's assets/tiny-qwen, or assets/tiny-qwen-tools with --tools)",
     )
     pretrain.add_argument(
         "--target-accuracy",
         type=float,
         default=0.3,
-        help="stop once held-out accuracy reaches it (default: %(default)s)",
+        help="stop once held-out accuracy reaches it (default: %(default)s; not with --tools, which runs a fixed "
+        "number of steps)",
+    )
+    pretrain.add_argument(
+        "--tools",
+        action="store_true",
+        help="rebuild the tools model instead: it calls a calculator tool on some multiplications and guesses on "
+        "the others (load_model_and_tokenizer('tiny-tools'))",
     )
     pretrain.add_argument(
         "--seed",
@@ -589,12 +599,15 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def run_pretrain(args: argparse.Namespace) -> None:
-    from minigrpo.course.pretrain import pretrain_tiny
-    from minigrpo.models import TINY_MODEL_DIR
+    from minigrpo.course.pretrain import pretrain_tiny, pretrain_tiny_tools
+    from minigrpo.models import TINY_MODEL_DIR, TINY_TOOLS_MODEL_DIR
 
-    output_dir = args.output_dir or TINY_MODEL_DIR
+    output_dir = args.output_dir or (TINY_TOOLS_MODEL_DIR if args.tools else TINY_MODEL_DIR)
     check_output_dir(str(output_dir))
-    pretrain_tiny(output_dir, target_accuracy=args.target_accuracy, seed=args.seed)
+    if args.tools:
+        pretrain_tiny_tools(output_dir, seed=args.seed)
+    else:
+        pretrain_tiny(output_dir, target_accuracy=args.target_accuracy, seed=args.seed)
 
 
 def run_grade(args: argparse.Namespace) -> int:

@@ -48,6 +48,11 @@ from transformers import (
 from minigrpo.tokenization import build_tiny_tokenizer, load_tokenizer  # noqa: F401 (build_tiny_tokenizer re-exported)
 
 TINY_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-qwen"
+TINY_TOOLS_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-qwen-tools"  # the calculator task's tool caller
+BUNDLED_MODELS = {
+    "tiny": (TINY_MODEL_DIR, "pretrain-tiny"),
+    "tiny-tools": (TINY_TOOLS_MODEL_DIR, "pretrain-tiny --tools"),
+}
 QWEN_MODEL_ID = "Qwen/Qwen2.5-0.5B-Instruct"
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # what PEFT's save_pretrained writes beside the adapter weights
 
@@ -129,16 +134,26 @@ def default_model_name() -> str:
 
 
 # --- the tiny Qwen ------------------------------------------------------------------
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2ForCausalLM small enough to train on a laptop CPU."""
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 512,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2ForCausalLM small enough to train on a laptop CPU.
+
+    The defaults are the bundled tiny Qwen's; the tools model is wider (TINY_TOOLS_MODEL_SIZE).
+    ``intermediate_size`` defaults to 4 x hidden_size; 4 attention heads, 2 key-value heads."""
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=256,
-        num_hidden_layers=4,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
         bos_token_id=None,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
@@ -163,7 +178,8 @@ def load_model_and_tokenizer(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Load a causal LM and its tokenizer, in fp32, on `device` (default: pick_device()).
 
-    ``name``: "tiny" for the bundled tiny Qwen (offline), or a Hub id such as
+    ``name``: "tiny" for the bundled tiny Qwen (offline), "tiny-tools" for the bundled tools model (the
+    calculator task: ``minigrpo.tasks.calculator``), or a Hub id such as
     "Qwen/Qwen2.5-0.5B-Instruct", or a local directory written by save_pretrained.
     A folder of LoRA adapters (it has adapter_config.json, as ``save_model(path)``
     writes for a LoRA run) loads the base model it names, then the adapters on
@@ -178,11 +194,11 @@ def load_model_and_tokenizer(
     ``trust_remote_code=True`` is refused: minigrpo never runs code shipped in a model folder.
     """
     device = torch.device(device) if device is not None else pick_device()
-    path = str(TINY_MODEL_DIR) if name == "tiny" else name
-    if name == "tiny" and not (TINY_MODEL_DIR / "config.json").exists():
+    path = str(BUNDLED_MODELS[name][0]) if name in BUNDLED_MODELS else name
+    if name in BUNDLED_MODELS and not (Path(path) / "config.json").exists():
         raise FileNotFoundError(
-            f"the bundled tiny model is missing from {TINY_MODEL_DIR}: "
-            "rebuild it with `python -m minigrpo pretrain-tiny`."
+            f"the bundled {name} model is missing from {path}: "
+            f"rebuild it with `python -m minigrpo {BUNDLED_MODELS[name][1]}`."
         )
     if (Path(path) / ADAPTER_CONFIG_FILE).exists():
         return load_adapters_and_tokenizer(path, device, load_in_4bit)

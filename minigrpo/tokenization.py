@@ -97,8 +97,7 @@ TOOLS_CHAT_TEMPLATE = (
     "{{- '<|im_start|>assistant\n' + (message.content or '') }}"
     "{%- for tool_call in message.tool_calls or [] %}{%- set call = tool_call.function or tool_call %}"
     "{%- if message.content or not loop.first %}{{- '\n' }}{%- endif %}"
-    '{{- \'<tool_call>\n{"name": "\' + call.name + \'", "arguments": \' }}'
-    "{{- call.arguments | tojson + '}\n</tool_call>' }}"
+    "{{- '<tool_call>\n{\"name\": \"' + call.name + '\", \"arguments\": ' + call.arguments | tojson + '}\n</tool_call>' }}"  # noqa: E501
     "{%- endfor %}"
     "{{- '<|im_end|>\n' }}"
     "{%- elif message.role == 'tool' %}"
@@ -129,9 +128,12 @@ TOOLS_RESPONSE_TEMPLATE = {
 }
 
 
-def build_tiny_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(model_max_length: int = 512, tools: bool = False) -> PreTrainedTokenizerFast:
     """The tiny Qwen's tokenizer: byte-level BPE with no merges (byte b is token b), Qwen's chat tokens
-    at 256-258, EOS ``<|im_end|>``, pad ``<|endoftext|>``, and the chat template above."""
+    at 256-258, EOS ``<|im_end|>``, pad ``<|endoftext|>``, and the chat template above.
+
+    ``tools=True``: the tools model's tokenizer, the same vocabulary with TOOLS_CHAT_TEMPLATE and
+    TOOLS_RESPONSE_TEMPLATE (for ``tokenizer.parse_response``)."""
     symbols = bytes_to_unicode()
     vocab = {symbols[byte]: byte for byte in range(256)}
     vocab.update({token: 256 + i for i, token in enumerate(TINY_SPECIAL_TOKENS)})
@@ -145,7 +147,9 @@ def build_tiny_tokenizer(model_max_length: int = 512) -> PreTrainedTokenizerFast
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = TOOLS_CHAT_TEMPLATE if tools else CHAT_TEMPLATE
+    if tools:
+        tokenizer.response_template = TOOLS_RESPONSE_TEMPLATE
     return tokenizer
 
 

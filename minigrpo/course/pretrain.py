@@ -11,6 +11,15 @@ reproduces the checkpoint shipped in minigrpo/assets/tiny-qwen.
 
 `build_sft_batch` is the general piece (any prompts and completions, any
 tokenizer): the supervised fine-tuning batch with its masks, shifted by one.
+
+    python -m minigrpo pretrain-tiny --tools
+
+makes the second bundled model, minigrpo/assets/tiny-qwen-tools, for the
+calculator task (minigrpo.tasks.calculator): a share of its training rows call
+the calculator and copy its result into the answer, the others guess; the loss
+covers the model's own turns only (`build_segments_batch`), never the tool's.
+It starts calling the tool on about a quarter of the problems and is right
+almost only when it calls: the room GRPO needs to raise the call rate.
 """
 
 from __future__ import annotations
@@ -22,10 +31,17 @@ from pathlib import Path
 import torch
 
 from minigrpo.config import GRPOConfig
-from minigrpo.models import TINY_MODEL_DIR, build_tiny_model, build_tiny_tokenizer, count_parameters
+from minigrpo.models import (
+    TINY_MODEL_DIR,
+    TINY_TOOLS_MODEL_DIR,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    count_parameters,
+)
 from minigrpo.rollout import render_prompts
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
+from minigrpo.tasks.calculator import calculator, make_calculator_dataset
 from minigrpo.tokenization import save_tokenizer
 
 
@@ -64,20 +80,37 @@ def build_sft_batch(
         raise ValueError(f"extra_pad_columns={extra_pad_columns}: give 0 (the default) or more.")
     if tokenizer.pad_token_id is None:
         raise ValueError("the tokenizer has no pad token: set tokenizer.pad_token (Qwen's is <|endoftext|>).")
-    rows, completion_flags = [], []
-    for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-        if not prompt_ids:
+    for i, prompt in enumerate(prompts):
+        if not tokenizer(prompt, add_special_tokens=False)["input_ids"]:
             raise ValueError(
                 f"prompt {i} is empty: the first completion token would have no token to be predicted from."
             )
-        rows.append(prompt_ids + completion_ids)
-        completion_flags.append([False] * len(prompt_ids) + [True] * len(completion_ids))
-    width = max(map(len, rows)) + extra_pad_columns  # L
-    lengths = torch.tensor([len(row) for row in rows])  # (n,)
-    token_ids = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in rows])  # (n, L)
-    is_completion = torch.tensor([flags + [False] * (width - len(flags)) for flags in completion_flags])  # (n, L)
+    rows = [[(prompt, False), (completion, True)] for prompt, completion in zip(prompts, completions, strict=True)]
+    return build_segments_batch(rows, tokenizer, extra_pad_columns)
+
+
+def build_segments_batch(
+    rows: list[list[tuple[str, bool]]], tokenizer, extra_pad_columns: int = 0
+) -> dict[str, torch.Tensor]:
+    """`build_sft_batch` for rows of several pieces: each row is [(text, trained), ...], each text tokenized
+    *separately* and the pieces concatenated; response_mask is True on the tokens of the trained pieces.
+
+    A tool-calling episode is [(prompt, False), (call, True), (tool result, False), (answer, True)]: the model
+    learns its own two turns, never the prompt nor what the tool wrote. Same returns as `build_sft_batch`.
+    """
+    token_rows, trained_flags = [], []
+    for pieces in rows:
+        ids, flags = [], []
+        for text, trained in pieces:
+            piece_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += piece_ids
+            flags += [trained] * len(piece_ids)
+        token_rows.append(ids)
+        trained_flags.append(flags)
+    width = max(map(len, token_rows)) + extra_pad_columns  # L
+    lengths = torch.tensor([len(row) for row in token_rows])  # (n,)
+    token_ids = torch.tensor([row + [tokenizer.pad_token_id] * (width - len(row)) for row in token_rows])  # (n, L)
+    is_completion = torch.tensor([flags + [False] * (width - len(flags)) for flags in trained_flags])  # (n, L)
     is_real = torch.arange(width) < lengths.unsqueeze(1)  # (n, L)
     return {
         "input_ids": token_ids[:, :-1],  # (n, L - 1)
@@ -163,3 +196,216 @@ def pretrain_tiny(
     save_tokenizer(tokenizer, output_dir)  # readable by transformers 4 and 5 alike
     print(f"held-out accuracy {metrics['eval_accuracy']:.3f} after {step + 1} steps; saved to {output_dir}")
     return metrics
+
+
+# --- the tools model: calls the calculator on some problems, guesses on the others ------------------
+TOOL_ROW_RATE = 0.3  # the share of SFT rows that call the tool: the knob that sets the start's call rate
+TINY_TOOLS_MODEL_SIZE = {"hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 256}
+
+
+def calculator_call(expression: str) -> dict:
+    """The assistant message that calls the calculator on `expression` (the chat template renders its JSON)."""
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def render_tools_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """`messages` through the tools chat template, with the calculator as the one tool."""
+    return tokenizer.apply_chat_template(
+        messages, tools=[calculator], tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def tool_suffix(tokenizer, result: str) -> str:
+    """What the template writes between the call turn's <|im_end|> and the next assistant turn's first token:
+    '\\n<|im_start|>user\\n<tool_response>\\nRESULT\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n'."""
+    messages = [{"role": "user", "content": "?"}, calculator_call("1 * 1")]
+    called = render_tools_chat(tokenizer, messages)
+    called = called[: called.rindex(tokenizer.eos_token) + len(tokenizer.eos_token)]  # up to the call's <|im_end|>
+    answered = render_tools_chat(tokenizer, [*messages, {"role": "tool", "content": result}], True)
+    assert answered.startswith(called), "the tools chat template must be prefix-preserving"
+    return answered[len(called) :]
+
+
+def tools_sft_pieces(tokenizer, prompt: list[dict], question: str, answer: str, call_tool: bool) -> list:
+    """One SFT row as [(text, trained), ...] for `build_segments_batch`.
+
+    call_tool: prompt | <tool_call>{... "expression": question}</tool_call><|im_end|> | tool suffix | answer;
+    else: prompt | <answer>N</answer><|im_end|> (a guess: the model cannot multiply, it learns the format).
+    The answer turn is '<answer>N</answer><|im_end|>' either way; the trained pieces are the model's own turns.
+    """
+    prompt_text = render_tools_chat(tokenizer, prompt, add_generation_prompt=True)
+    answer_text = f"<answer>{answer}</answer>{tokenizer.eos_token}"
+    if not call_tool:
+        return [(prompt_text, False), (answer_text, True)]
+    called = render_tools_chat(tokenizer, [*prompt, calculator_call(question)])
+    call_text = called[len(prompt_text) : called.rindex(tokenizer.eos_token) + len(tokenizer.eos_token)]
+    return [(prompt_text, False), (call_text, True), (tool_suffix(tokenizer, answer), False), (answer_text, True)]
+
+
+def tools_sft_batch(tokenizer, rows: dict, call_tool: list[bool]) -> dict[str, torch.Tensor]:
+    """The tools warm-up's batch: a `make_calculator_dataset` slice, each row calling the tool or guessing."""
+    columns = zip(rows["prompt"], rows["question"], rows["answer"], call_tool, strict=True)
+    pieces = [tools_sft_pieces(tokenizer, *row) for row in columns]
+    return build_segments_batch(pieces, tokenizer)
+
+
+def _generate(model, tokenizer, id_rows: list[list[int]], max_new_tokens: int, seed: int) -> list[list[int]]:
+    """Sample (temperature 1, no top-k or top-p) a continuation of each row of ids, left-padded into one batch;
+    each continuation is cut after its first <|im_end|>."""
+    width = max(map(len, id_rows))
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in id_rows])  # (n, P)
+    attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in id_rows])  # (n, P)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        output = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0, top_k=None,
+            top_p=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
+        )  # fmt: skip
+    continuations = []
+    for row in output[:, width:].tolist():  # (n, T)
+        continuations.append(row[: row.index(eos) + 1] if eos in row else [t for t in row if t != pad])
+    return continuations
+
+
+def tool_use_stats(model, tokenizer, dataset, samples: int = 200, batch_size: int = 50, seed: int = 0) -> dict:
+    """How the tools model starts: sample the first turn of `samples` problems at temperature 1; where it is a
+    valid calculator call, run the tool, append the tool suffix and sample the answer turn.
+
+    Returns call_rate (a parsed calculator call with an "expression" string), malformed_call_rate (a first turn
+    that opens <tool_call> but is no such call), right_call_rate (of calls: the expression is the question's),
+    accuracy (correctness_reward of the last turn), accuracy_given_call and accuracy_given_no_call (None where
+    there is no such sample). One sample per problem, `samples` problems.
+    """
+    model.eval()
+    calls, malformed, right_calls, correct, correct_given_call = 0, 0, 0, 0, 0
+    for start in range(0, samples, batch_size):
+        rows = dataset[start : min(start + batch_size, samples)]
+        prompts = [
+            tokenizer(render_tools_chat(tokenizer, p, True), add_special_tokens=False)["input_ids"]
+            for p in rows["prompt"]
+        ]
+        first_turns = _generate(model, tokenizer, prompts, 128, seed + start)
+        finals, second_inputs = [None] * len(prompts), {}
+        for i, (prompt_ids, turn) in enumerate(zip(prompts, first_turns, strict=True)):
+            try:
+                message = tokenizer.parse_response(turn, prefix=prompt_ids)
+            except ValueError:  # a <tool_call> whose JSON does not parse
+                message = {}
+            expression = _called_expression(message)
+            malformed += expression is None and tokenizer.decode(turn).startswith("<tool_call>")
+            if expression is None:
+                finals[i] = message.get("content") or tokenizer.decode(turn, skip_special_tokens=True)
+                continue
+            calls += 1
+            right_calls += expression == rows["question"][i]
+            try:
+                result = calculator(expression)
+            except ValueError as error:
+                result = f"error: {error}"
+            suffix = tokenizer(tool_suffix(tokenizer, result), add_special_tokens=False)["input_ids"]
+            second_inputs[i] = prompt_ids + turn + suffix
+        if second_inputs:
+            second_turns = _generate(model, tokenizer, list(second_inputs.values()), 32, seed + start + 1)
+            for i, turn in zip(second_inputs, second_turns, strict=True):
+                finals[i] = tokenizer.decode(turn, skip_special_tokens=True)
+        rewards = correctness_reward(None, finals, answer=rows["answer"])
+        correct += sum(rewards)
+        correct_given_call += sum(r for i, r in enumerate(rewards) if i in second_inputs)
+    no_calls = samples - calls
+    return {
+        "samples": samples,
+        "call_rate": calls / samples,
+        "malformed_call_rate": malformed / samples,
+        "right_call_rate": right_calls / calls if calls else None,
+        "accuracy": correct / samples,
+        "accuracy_given_call": correct_given_call / calls if calls else None,
+        "accuracy_given_no_call": (correct - correct_given_call) / no_calls if no_calls else None,
+    }
+
+
+def _called_expression(message: dict) -> str | None:
+    """The expression of a parsed reply's one calculator call, or None when it is not exactly that."""
+    tool_calls = message.get("tool_calls") or []
+    if len(tool_calls) != 1 or not isinstance(tool_calls[0], dict):
+        return None
+    function = tool_calls[0].get("function") or {}
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    if function.get("name") != "calculator" or not isinstance(arguments, dict):
+        return None
+    expression = arguments.get("expression")
+    return expression if isinstance(expression, str) else None
+
+
+def pretrain_tiny_tools(
+    output_dir: str | Path = TINY_TOOLS_MODEL_DIR,
+    max_steps: int = 1800,
+    batch_size: int = 32,
+    learning_rate: float = 3e-3,
+    warmup_steps: int = 100,
+    tool_row_rate: float = TOOL_ROW_RATE,
+    eval_samples: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """Build the tools model (TINY_TOOLS_MODEL_SIZE), fine-tune it for `max_steps` on calculator problems, a
+    share `tool_row_rate` of them calling the tool and the others guessing, save it, return `tool_use_stats`.
+
+    The start GRPO needs: it calls the tool sometimes (about tool_row_rate of the time), and when it calls, the
+    call and the copied result are right; when it guesses, it is wrong. The learning rate decays linearly to 0.
+    """
+    torch.manual_seed(seed)
+    random.seed(seed)
+    tokenizer = build_tiny_tokenizer(tools=True)
+    model = build_tiny_model(tokenizer, seed=seed, **TINY_TOOLS_MODEL_SIZE)
+    train = make_calculator_dataset(n=max_steps * batch_size, split="train", seed=seed + 1000)
+    test = make_calculator_dataset(n=eval_samples, split="test", seed=seed)
+    rng = random.Random(seed)
+    call_tool = [rng.random() < tool_row_rate for _ in range(len(train))]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup_steps, (max_steps - step) / max(1, max_steps - warmup_steps))
+    )
+    print(
+        f"tiny tools Qwen: {count_parameters(model):,} parameters; {max_steps} steps of SFT on batches of "
+        f"{batch_size} multiplications, {tool_row_rate:.0%} of them calling the calculator"
+    )
+    started = time.perf_counter()
+    for step in range(max_steps):
+        model.train()
+        window = range(step * batch_size, (step + 1) * batch_size)
+        summed, tokens, by_kind = 0.0, 0, {}
+        for kind in (True, False):  # call rows and guess rows in two batches: a guess row needs no padding to 250
+            rows = [i for i in window if call_tool[i] == kind]
+            if rows:
+                batch = tools_sft_batch(tokenizer, train[rows], [kind] * len(rows))
+                mean, count = sft_loss(model, batch), batch["response_mask"].sum()
+                summed, tokens, by_kind["call" if kind else "guess"] = summed + mean * count, tokens + count, mean
+        loss = summed / tokens  # the mean over both batches' trained tokens, as in one batch
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        if (step + 1) % 50 == 0:
+            kinds = ", ".join(f"{kind} rows {mean.item():.3f}" for kind, mean in by_kind.items())
+            print(
+                f"step {step + 1:4d}  loss {loss.item():.3f} ({kinds})  ({time.perf_counter() - started:.0f}s)",
+                flush=True,
+            )
+    model.eval()
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    save_tokenizer(tokenizer, output_dir)
+    stats = tool_use_stats(model, tokenizer, test, samples=eval_samples, seed=seed)
+    print(
+        f"saved to {output_dir} after {time.perf_counter() - started:.0f}s. On {eval_samples} held-out problems, "
+        f"sampled at temperature 1: calls the tool {stats['call_rate']:.1%} of the time (right expression in "
+        f"{_percent(stats['right_call_rate'])} of calls), accuracy {stats['accuracy']:.1%}; given a call "
+        f"{_percent(stats['accuracy_given_call'])}, given no call {_percent(stats['accuracy_given_no_call'])}"
+    )
+    return stats
+
+
+def _percent(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate:.1%}"
