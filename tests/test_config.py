@@ -248,8 +248,8 @@ def test_the_deepseekmath_preset_has_the_papers_algorithm():
 
 @pytest.mark.parametrize(
     ("name", "own"),
-    [("tiny_cpu", {"learning_rate", "lr_scheduler_type"}), ("qwen_t4", {"learning_rate"}),
-     ("qwen1_5b_lora_t4", {"learning_rate"})],
+    [("tiny_cpu", {"learning_rate", "lr_scheduler_type"}), ("tiny_tools_cpu", {"learning_rate", "lr_scheduler_type"}),
+     ("qwen_t4", {"learning_rate"}), ("qwen1_5b_lora_t4", {"learning_rate"})],
 )  # fmt: skip
 def test_the_course_presets_run_the_papers_algorithm(name, own):
     preset = PRESETS[name]
