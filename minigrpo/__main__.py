@@ -164,7 +164,7 @@ def check_model_name(name: str) -> str:
     ("name" or "org/name"), and a missing folder otherwise (it starts with ".", "/" or "~", or has a backslash or
     more than one "/").
     """
-    if name == "tiny":
+    if name in ("tiny", "tiny-tools"):
         return name
     path = Path(name).expanduser()
     if path.is_file():
@@ -294,7 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--beta, ...); a flag not given keeps the model's preset: GRPOConfig.tiny_cpu() for 'tiny', qwen_t4() "
         "for any other model.",
     )
-    train.add_argument("--model", default=None, help="'tiny' (default on CPU), a Hub id or a local path")
+    train.add_argument(
+        "--model",
+        default=None,
+        help="'tiny' (default on CPU; 'tiny-tools' with --task calculator), a Hub id or a local path",
+    )
+    train.add_argument(
+        "--task",
+        choices=TASKS,
+        default="arithmetic",
+        help="arithmetic: sums, one-turn answers; calculator: 3-digit products with a calculator tool the model may "
+        "call (each completion an episode; GRPOConfig.tiny_tools_cpu() for 'tiny-tools') (default: %(default)s)",
+    )
     train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --output-dir")
     train.add_argument(
         "--allow-config-change",
@@ -315,9 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = add_command("eval", help="held-out greedy accuracy of a model")
     evaluate.add_argument(
         "--model",
-        default="tiny",
-        help="'tiny', a Hub id or a local path (e.g. runs/minigrpo/final) (default: %(default)s)",
+        default=None,
+        help="'tiny', 'tiny-tools', a Hub id or a local path (e.g. runs/minigrpo/final) (default: 'tiny', "
+        "'tiny-tools' with --task calculator)",
     )
+    evaluate.add_argument("--task", choices=TASKS, default="arithmetic", help="what to score (default: %(default)s)")
     evaluate.add_argument(
         "--eval-size", type=int, default=EVAL_PROMPTS, help="held-out problems to score (default: %(default)s)"
     )
@@ -463,11 +476,39 @@ def _time_limits() -> str:
     return f"{factor}x the time its solution takes to grade: {listed}"
 
 
-def make_config(model_name: str, overrides: dict) -> GRPOConfig:
-    """The preset for the model (tiny on CPU, T4-safe for a real Qwen), with command-line overrides."""
+TASKS = ("arithmetic", "calculator")
+
+
+def task_rewards(task: str) -> tuple[list, list, list[float]]:
+    """What `--task` scores with: (reward functions, tools, reward weights). The first reward function is the
+    accuracy train and eval report."""
+    if task == "calculator":
+        from minigrpo.tasks.calculator import CALCULATOR_REWARD_FUNCS, CALCULATOR_REWARD_WEIGHTS, calculator
+
+        return list(CALCULATOR_REWARD_FUNCS), [calculator], list(CALCULATOR_REWARD_WEIGHTS)
+    from minigrpo.tasks.arithmetic import REWARD_WEIGHTS, correctness_reward, format_reward
+
+    return [correctness_reward, format_reward], [], list(REWARD_WEIGHTS)
+
+
+def task_dataset(task: str, size: int, split: str, seed: int):
+    """`size` problems of `--task` from `split` ("train" or "test")."""
+    if task == "calculator":
+        from minigrpo.tasks.calculator import make_calculator_dataset
+
+        return make_calculator_dataset(size, split, seed=seed)
+    from minigrpo.tasks.arithmetic import make_arithmetic_dataset
+
+    return make_arithmetic_dataset(size, split, seed=seed)
+
+
+def make_config(model_name: str, overrides: dict, reward_weights: list[float] | None = None) -> GRPOConfig:
+    """The preset for the model (tiny on CPU, the tools model's for 'tiny-tools', T4-safe for a real Qwen), with
+    command-line overrides; reward_weights: the task's (default: arithmetic's)."""
     from minigrpo.tasks.arithmetic import REWARD_WEIGHTS
 
-    return GRPOConfig.for_model(model_name, **{"reward_weights": list(REWARD_WEIGHTS), **overrides})
+    weights = list(REWARD_WEIGHTS) if reward_weights is None else reward_weights
+    return GRPOConfig.for_model(model_name, **{"reward_weights": weights, **overrides})
 
 
 def run_train(args: argparse.Namespace) -> None:
@@ -476,12 +517,13 @@ def run_train(args: argparse.Namespace) -> None:
     from minigrpo.run.evaluation import evaluate_model
     from minigrpo.run.progress import last_evaluation, library_bars_off, run_summary
     from minigrpo.run.trackers import resolve_trackers
-    from minigrpo.tasks.arithmetic import correctness_reward, format_reward, make_arithmetic_dataset
     from minigrpo.trainer import GRPOTrainer
 
-    model_name = check_model_name(args.model or default_model_name())
+    tools_task = args.task == "calculator"
+    model_name = check_model_name(args.model or ("tiny-tools" if tools_task else default_model_name()))
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    config = make_config(model_name, {k: v for k, v in vars(args).items() if k in fields})
+    reward_funcs, tools, weights = task_rewards(args.task)  # eval_accuracy: the first function's mean
+    config = make_config(model_name, {k: v for k, v in vars(args).items() if k in fields}, weights)
     if config.max_steps != -1:  # -1: num_train_epochs passes over the prompts, as in the API and TRL
         check_positive("--max-steps", config.max_steps, "training needs at least one step (or -1: num_train_epochs)")
     check_eval_size(args.eval_size)
@@ -496,9 +538,8 @@ def run_train(args: argparse.Namespace) -> None:
     distributed.init_from_environment()  # under torchrun: join the process group (and pick this rank's GPU)
     say = print if distributed.is_main_process() else lambda *_: None  # one copy of each line, from rank 0
     model, tokenizer = load_checked(model_name)
-    train_data = make_arithmetic_dataset(TRAIN_PROMPTS, "train", seed=config.seed)
-    eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=0)
-    reward_funcs = [correctness_reward, format_reward]  # eval_accuracy: correctness_reward's mean
+    train_data = task_dataset(args.task, TRAIN_PROMPTS, "train", config.seed)
+    eval_data = task_dataset(args.task, args.eval_size, "test", seed=0)
     processes = f" on {distributed.world_size()} processes" if distributed.is_distributed() else ""
     say(
         f"model {model_name} on {next(model.parameters()).device}{processes}; "
@@ -509,10 +550,12 @@ def run_train(args: argparse.Namespace) -> None:
     say(
         "reward = " + " + ".join(f"{weight:g} x {func.__name__}" for weight, func in weighted) + " (the lessons' scale)"
     )
-    before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
+    if tools:
+        say(f"tools: {', '.join(tool.__name__ for tool in tools)} (each completion an episode: call, result, answer)")
     trainer = GRPOTrainer(
-        model, reward_funcs, args=config, train_dataset=train_data, processing_class=tokenizer, eval_dataset=eval_data
-    )
+        model, reward_funcs, config, train_data, eval_data, processing_class=tokenizer, tools=tools
+    )  # before the first evaluation: it checks the tokenizer can run the tools
+    before = evaluate_model(model, tokenizer, eval_data, reward_funcs, config, tools)["eval_accuracy"]
     started = time.perf_counter()
     trainer.train(
         resume_from_checkpoint=args.resume,
@@ -526,12 +569,13 @@ def run_train(args: argparse.Namespace) -> None:
         record_eval_settings(final, config)
     evaluated = last_evaluation(history)
     if evaluated is None or evaluated["step"] != trainer.step:  # the saved model was not evaluated: evaluate it now
-        after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config)["eval_accuracy"]
+        after = evaluate_model(model, tokenizer, eval_data, reward_funcs, config, tools)["eval_accuracy"]
     else:
         after = evaluated["eval_accuracy"]
     say(f"trained in {time.perf_counter() - started:.0f}s")
     measured = f"{args.eval_size} held-out problems; {eval_settings(config)}"
-    say(run_summary(history, before, after, measured, config.output_dir, final, trainer.metrics_path))
+    task_flag = f" --task {args.task}" if args.task != "arithmetic" else ""
+    say(run_summary(history, before, after, measured, config.output_dir, final, trainer.metrics_path, task_flag))
     distributed.teardown()
 
 
@@ -587,15 +631,20 @@ def eval_settings(config: GRPOConfig) -> str:
 
 def run_eval(args: argparse.Namespace) -> None:
     from minigrpo.run.evaluation import evaluate_model
-    from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
+    from minigrpo.tool_calling import check_tool_support
 
-    model_name = check_model_name(args.model)
+    model_name = check_model_name(args.model or ("tiny-tools" if args.task == "calculator" else "tiny"))
     check_eval_size(args.eval_size)
     config = eval_config(model_name)
     model, tokenizer = load_checked(model_name)
-    eval_data = make_arithmetic_dataset(args.eval_size, "test", seed=args.seed)
-    accuracy = evaluate_model(model, tokenizer, eval_data, [correctness_reward], config)["eval_accuracy"]
-    print(f"accuracy: {accuracy:.3f} ({args.eval_size} held-out problems; {eval_settings(config)}) for {args.model}")
+    reward_funcs, tools, _ = task_rewards(args.task)
+    if tools:
+        check_tool_support(tokenizer, tools)
+    eval_data = task_dataset(args.task, args.eval_size, "test", seed=args.seed)
+    metrics = evaluate_model(model, tokenizer, eval_data, reward_funcs[:1], config, tools)
+    calls = f"; {metrics['eval_tools/call_frequency']:.2f} tool calls per answer" if tools else ""
+    measured = f"{args.eval_size} held-out problems; {eval_settings(config)}"
+    print(f"accuracy: {metrics['eval_accuracy']:.3f}{calls} ({measured}) for {model_name}")
 
 
 def run_pretrain(args: argparse.Namespace) -> None:

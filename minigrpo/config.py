@@ -871,9 +871,9 @@ QWEN1_5B_LORA_T4 = dict(QWEN_T4, learning_rate=1e-5)
 
 def preset_for(model_name: str) -> str:
     """The name of the preset for a model (a key of PRESETS, and the GRPOConfig class method): "tiny_cpu" for the
-    bundled "tiny" model, "qwen_t4" for anything else. The one place that choice is made (for_model; the command
-    line's --help shows both presets' values)."""
-    return "tiny_cpu" if model_name == "tiny" else "qwen_t4"
+    bundled "tiny" model, "tiny_tools_cpu" for the bundled tools model "tiny-tools", "qwen_t4" for anything else. The
+    one place that choice is made (for_model; the command line's --help shows the tiny and the Qwen presets' values)."""
+    return {"tiny": "tiny_cpu", "tiny-tools": "tiny_tools_cpu"}.get(model_name, "qwen_t4")
 
 
 PRESETS = {

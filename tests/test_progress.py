@@ -11,6 +11,8 @@ from minigrpo import GRPOTrainer
 from minigrpo.__main__ import main
 from minigrpo.run.progress import RunProgress, bar_fields, last_evaluation, library_bars_off, run_summary
 from minigrpo.tasks.arithmetic import correctness_reward, format_reward
+from minigrpo.tokenization import build_tiny_tokenizer
+from minigrpo.tool_calling import reads_tool_calls
 
 METRICS = {
     "reward": 0.41234,
@@ -115,3 +117,20 @@ def test_train_and_eval_print_the_same_accuracy_for_the_saved_model(tmp_path, ca
     assert main(["eval", "--model", str(run / "final"), "--eval-size", "10"]) == 0
     evaluated = capsys.readouterr().out
     assert f"accuracy: {after.group(1)} (10 held-out problems; {after.group(2)})" in evaluated, evaluated
+
+
+@pytest.mark.skipif(not reads_tool_calls(build_tiny_tokenizer()), reason="transformers < 5.13: tools= is refused")
+def test_train_and_eval_on_the_calculator_task_run_episodes_with_the_tools_model(tmp_path, capsys):
+    """`train --task calculator` trains the tools model ('tiny-tools', tiny_tools_cpu()) with its calculator, and
+    `eval --task calculator` of the saved model prints the accuracy train printed, with the calls per answer."""
+    run = tmp_path / "run"
+    small = ["--prompts-per-step", "2", "--num-generations", "4", "--eval-size", "6"]
+    assert main(["train", "--task", "calculator", "--max-steps", "1", *small, "--output-dir", str(run)]) == 0
+    trained = capsys.readouterr().out
+    for line in ("model tiny-tools", "tools: calculator", "reward = 1 x correctness_reward (the"):
+        assert line in trained, trained
+    after = re.search(r"after: (\d\.\d{3}) \(6 held-out problems; greedy, up to 192 new tokens", trained)
+    assert after and "--task calculator)" in trained, trained
+    assert main(["eval", "--task", "calculator", "--model", str(run / "final"), "--eval-size", "6"]) == 0
+    evaluated = capsys.readouterr().out
+    assert re.search(rf"accuracy: {after.group(1)}; \d\.\d\d tool calls per answer \(6 held-out", evaluated), evaluated

@@ -75,9 +75,11 @@ def library_bars_off() -> Iterator[None]:
 
 
 def run_summary(history: Sequence[dict], accuracy_before: float, accuracy_after: float, measured: str,
-                output_dir: str | Path, final_dir: str | Path, metrics_path: str | Path) -> str:  # fmt: skip
+                output_dir: str | Path, final_dir: str | Path, metrics_path: str | Path,
+                eval_flags: str = "") -> str:  # fmt: skip
     """The lines a run ends with: held-out accuracy before and after (`measured`: how), the best evaluation and its
-    step, where the files are, and the command that plots the curves."""
+    step, where the files are (with the eval command, plus `eval_flags` such as " --task calculator"), and the
+    command that plots the curves."""
     evaluations = [row for row in history if "eval_accuracy" in row]
     lines = [f"accuracy before: {accuracy_before:.3f} after: {accuracy_after:.3f} ({measured})"]
     if evaluations:
@@ -88,7 +90,7 @@ def run_summary(history: Sequence[dict], accuracy_before: float, accuracy_after:
             f"(of {count}; the saved model is the last step's)"
         )
     lines += [
-        f"model: {final_dir}   (python -m minigrpo eval --model {final_dir})",
+        f"model: {final_dir}   (python -m minigrpo eval --model {final_dir}{eval_flags})",
         f"metrics: {metrics_path}   checkpoints: {Path(output_dir) / 'checkpoint-<step>'}",
         'plot the curves: python -c "from minigrpo.course.plots import plot_training_curves; '
         f"plot_training_curves('{metrics_path}').savefig('curves.png')\"",
