@@ -148,10 +148,23 @@ def check_rft_vs_grpo(summary: dict, stdout: str) -> None:
     assert "RFT - GRPO" in stdout
 
 
+def check_calculator_tools(summary: dict, stdout: str) -> None:
+    assert summary["seeds"] == [0] and summary["steps"] == 1
+    for arm in ("calculator", "control"):
+        for key, value in summary[arm].items():
+            if key not in ("train_seconds", "gain", "after_accuracy_per_seed"):
+                assert 0 <= value <= 1, (arm, key, value)
+        assert summary[arm]["gain"] == summary[arm]["after_accuracy"] - summary[arm]["before_accuracy"]
+    assert summary["control"]["before_accuracy"] == 0.0  # its calculator is off, and guesses are never right here
+    assert summary["gain_over_control"] == summary["calculator"]["gain"] - summary["control"]["gain"]
+    assert "beyond the control's" in stdout
+
+
 CHECKS = {"vs_trl.py": check_vs_trl, "gpu_check.py": check_gpu_check, "memory.py": check_memory,
           "ppo_vs_grpo.py": check_ppo_vs_grpo, "pass_at_k.py": check_pass_at_k,
           "profile_step.py": check_profile_step, "time_to_accuracy.py": check_time_to_accuracy,
-          "scaling.py": check_scaling, "rft_vs_grpo.py": check_rft_vs_grpo}  # fmt: skip
+          "scaling.py": check_scaling, "rft_vs_grpo.py": check_rft_vs_grpo,
+          "calculator_tools.py": check_calculator_tools}  # fmt: skip
 
 
 @pytest.mark.parametrize("script", sorted(CHECKS))
