@@ -188,6 +188,53 @@ def test_evaluate_without_a_dataset_says_what_to_pass(tmp_path):
         trainer.evaluate()
 
 
+# --- script 1b: an agent with a tool (TRL's tools=, a multi-turn episode per completion) ---------------------
+def final_answer_reward(completions, answer, **kwargs):
+    """An agent's reward as TRL's documentation writes it: the conversation's last message holds the answer."""
+    return [float(f"<answer>{a}</answer>" in c[-1]["content"]) for c, a in zip(completions, answer, strict=True)]
+
+
+def tool_script(lib, output_dir, conversations: list):
+    from minigrpo.tasks.calculator import calculator, make_calculator_dataset
+
+    def recorded_reward(completions, **kwargs):
+        conversations.extend(completions)
+        return final_answer_reward(completions, **kwargs)
+
+    model, tokenizer = load_model_and_tokenizer("tiny-tools", device="cpu")
+    trainer = lib.GRPOTrainer(
+        model=model,
+        reward_funcs=[recorded_reward],
+        args=small_args(lib, output_dir, per_device_train_batch_size=8, num_generations=8,
+                        max_completion_length=192, max_tool_calling_iterations=2),  # fmt: skip
+        train_dataset=make_calculator_dataset(16, "train", seed=1),
+        processing_class=tokenizer,
+        tools=[calculator],
+    )
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("name", LIBRARIES)
+def test_an_agent_script_with_a_calculator_tool_runs_and_trains(name, tmp_path):
+    """The same script on both: the tools model calls its calculator in some episodes, whose conversations reach the
+    reward as [assistant with tool_calls, tool, assistant], and the tool metrics are logged under TRL's names."""
+    from minigrpo.tool_calling import reads_tool_calls
+
+    if not reads_tool_calls(load_model_and_tokenizer("tiny-tools", device="cpu")[1]):
+        pytest.skip("transformers < 5.13: tools= is refused there")
+    conversations = []
+    trainer = tool_script(library(name), tmp_path, conversations)
+    assert trainer.state.global_step == 2 and len(conversations) == 16
+    episodes = [c for c in conversations if len(c) > 1]
+    assert episodes, "no episode called the calculator"
+    assert all([m["role"] for m in c[:2]] == ["assistant", "tool"] and c[0]["tool_calls"] for c in episodes)
+    assert all(c[1]["name"] == "calculator" for c in episodes)
+    logged = [row for row in trainer.state.log_history if "reward" in row]
+    assert all({"tools/call_frequency", "tools/failure_frequency"} <= row.keys() for row in logged)
+    assert sum(row["tools/call_frequency"] for row in logged) > 0
+
+
 # --- script 2: a reward model, by path and loaded ---------------------------------------------------
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory):
