@@ -27,6 +27,9 @@ from minigrpo import GRPOConfig, GRPOTrainer
 from minigrpo.models import lora_config
 from minigrpo.run import distributed
 from minigrpo.tasks.arithmetic import make_arithmetic_dataset
+from minigrpo.tasks.calculator import calculator, make_calculator_dataset
+from minigrpo.tokenization import build_tiny_tokenizer
+from minigrpo.tool_calling import reads_tool_calls
 
 OPTIONS = {
     "loss_type": ["grpo", "bnpo", "dr_grpo", "dapo"],
@@ -43,11 +46,14 @@ OPTIONS = {
     "report_to": ["none", "tensorboard"],
     "lora": [False, True],
     "resume": [False, True],
+    # tools=[calculator] on the tools model; transformers < 5.13 cannot parse tool calls (tools= is refused there)
+    "tools": [False, True] if reads_tool_calls(build_tiny_tokenizer()) else [False],
 }
-"""Each option of a run and the values the pairs take: GRPOConfig fields, then `lora` (a peft_config) and `resume`
-(stopped after the first generation, resumed by a new trainer)."""
+"""Each option of a run and the values the pairs take: GRPOConfig fields, then `lora` (a peft_config), `resume`
+(stopped after the first generation, resumed by a new trainer) and `tools` (the tiny tools model with its calculator:
+each completion an episode)."""
 
-NOT_CONFIG_FIELDS = ("lora", "resume")
+NOT_CONFIG_FIELDS = ("lora", "resume", "tools")
 
 REFUSED_PAIRS = [{"dynamic_sampling": True, "steps_per_generation": 2}]
 """Pairs of values the trainer refuses at construction (DAPO's refill keeps a varying number of groups, which
@@ -88,9 +94,10 @@ def counting_reward(completions, drop, log_extra, prompt_id, **kwargs) -> list[f
     return [0.0 if dropped else float(i) for i, dropped in enumerate(drop)]
 
 
-def dataset(n: int, split: str):
-    """Arithmetic prompts with a `drop` column (every other prompt) and a `prompt_id` column."""
-    problems = make_arithmetic_dataset(n, split)
+def dataset(n: int, split: str, tools: bool = False):
+    """Arithmetic prompts (with tools: calculator problems) with a `drop` column (every other prompt) and a
+    `prompt_id` column."""
+    problems = make_calculator_dataset(n, split) if tools else make_arithmetic_dataset(n, split)
     return problems.add_column("prompt_id", list(range(n))).add_column("drop", [i % 2 == 0 for i in range(n)])
 
 
@@ -103,7 +110,8 @@ class StopAfterFirstGeneration(TrainerCallback):
 
 
 def config_for(row: dict, out_dir: Path) -> GRPOConfig:
-    """Two generations of B = 2 x steps_per_generation prompts x G = 2, 8 new tokens, evaluated once at the end."""
+    """Two generations of B = 2 x steps_per_generation prompts x G = 2, 8 new tokens (with tools, 160: room for a
+    call, its result and an answer), evaluated once at the end."""
     fields = {name: value for name, value in row.items() if name not in NOT_CONFIG_FIELDS}
     steps_per_generation_count = row["num_iterations"] * row["steps_per_generation"]
     return GRPOConfig(
@@ -112,7 +120,7 @@ def config_for(row: dict, out_dir: Path) -> GRPOConfig:
         logging_dir=str(out_dir / "logs"),
         per_device_train_batch_size=4,
         num_generations=GENERATIONS,
-        max_completion_length=8,
+        max_completion_length=160 if row["tools"] else 8,
         max_steps=2 * steps_per_generation_count,
         max_num_gen_batches=2,
         learning_rate=1e-4 if row["lora"] else 1e-5,
@@ -128,13 +136,14 @@ def config_for(row: dict, out_dir: Path) -> GRPOConfig:
 
 def new_trainer(row: dict, config: GRPOConfig, callbacks=None) -> GRPOTrainer:
     return GRPOTrainer(
-        "tiny",
+        "tiny-tools" if row["tools"] else "tiny",
         [counting_reward],
         config,
-        dataset(NUM_PROMPTS, "train"),
-        dataset(2, "test"),
+        dataset(NUM_PROMPTS, "train", row["tools"]),
+        dataset(2, "test", row["tools"]),
         callbacks=callbacks,
         peft_config=lora_config(r=4, lora_alpha=8) if row["lora"] else None,
+        tools=[calculator] if row["tools"] else None,
     )
 
 

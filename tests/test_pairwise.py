@@ -34,7 +34,7 @@ def test_the_rows_cover_every_pair_of_values_that_is_not_refused():
         for value_a, value_b in itertools.product(values_a, values_b):
             covered = any(row[a] == value_a and row[b] == value_b for row in ROWS)
             assert covered != refused({a: value_a, b: value_b}), f"{a}={value_a!r} with {b}={value_b!r}"
-    assert len(ROWS) <= 20  # pairs, not the 2**11 * 48 combinations
+    assert len(ROWS) <= 20  # pairs, not the 2**12 * 48 combinations
 
 
 def check_run(row: dict, result: dict, num_processes: int = 1) -> None:
@@ -47,6 +47,7 @@ def check_run(row: dict, result: dict, num_processes: int = 1) -> None:
     assert ("eval_loss" in history[-1]) == (row["num_generations_eval"] is not None)
     if row["dynamic_sampling"]:
         assert all("dynamic_sampling/groups_kept" in h for h in history if "loss" in h)
+    assert all(("tools/call_frequency" in h) == row["tools"] for h in history if "loss" in h)
     logged = result["completions"]
     assert bool(logged) == row["log_completions"]
     for step in {r["step"] for r in logged}:
