@@ -272,3 +272,17 @@ def test_trl_keywords_minigrpo_does_not_implement_are_refused_by_name(tools_tiny
     with pytest.raises(NotImplementedError, match="PPOTrainer trains single-turn completions"):
         PPOTrainer(model, [correctness_reward], PPOConfig(output_dir=str(tmp_path), max_prompt_length=None),
                    train_dataset, processing_class=tokenizer, tools=[calculator])  # fmt: skip
+
+
+@needs_parsing
+def test_episode_log_probs_through_the_shared_prompt_prefix_equal_the_plain_path(scripted, tmp_path):
+    """share_prompt_prefix runs each group's prompt once: an episode's later turns and the tool's tokens come after
+    the shared prompt like any completion, so their log-probs are the plain path's."""
+    from minigrpo.rollout import completion_logps
+
+    trainer = tools_trainer(scripted, tmp_path)
+    rollout = trainer.generate_and_score(2)[0]
+    on = completion_logps(trainer.model, rollout, trainer.config.replace(share_prompt_prefix=True))[0]
+    off = completion_logps(trainer.model, rollout, trainer.config.replace(share_prompt_prefix=False))[0]
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(on[mask], off[mask], atol=1e-4)
