@@ -24,10 +24,10 @@ _.pop_callback  # run/trl_api.py: transformers Trainer's callback methods, for a
 _.remove_callback
 _.to_json_string  # config.py: TrainingArguments.to_json_string, which transformers' TensorBoardCallback calls
 _.current_gradient_accumulation_steps  # measuring/crosscheck.py: set on TRL's trainer, read by its loss
+_._generate_single_turn  # measuring/crosscheck_tools.py: TRL's generation, replaced by the script's turns
 _.min_new_tokens  # bench/: a GenerationConfig field, read by generate
-_.pre_tokenizer  # tokenization.py: the parts of a `tokenizers` pipeline, and the tokenizer's chat template
+_.pre_tokenizer  # tokenization.py: the parts of a `tokenizers` pipeline
 _.decoder
-_.chat_template
 _.rope_scaling  # grading/checks/labs.py: transformers 4's Qwen2Config fields, read by its rotary embedding
 _.original_max_position_embeddings
 

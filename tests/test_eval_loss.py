@@ -130,7 +130,8 @@ def test_minigrpos_own_runs_evaluate_greedily_without_sampling_eval_loss(tmp_pat
     args = vars(build_parser().parse_args(["train"]))
     fields = {name: value for name, value in args.items() if name in GRPOConfig.__dataclass_fields__}
     configs = [make_config("tiny", fields), make_config("Qwen/Qwen2.5-0.5B-Instruct", fields), GRPOConfig()]
-    configs += [getattr(GRPOConfig, preset)() for preset in ("deepseekmath", "tiny_cpu", "tiny_tools_cpu", "qwen_t4", "qwen1_5b_lora_t4")]
+    presets = ("deepseekmath", "tiny_cpu", "tiny_tools_cpu", "qwen_t4", "qwen1_5b_lora_t4")
+    configs += [getattr(GRPOConfig, preset)() for preset in presets]
     for config in configs:
         assert config.eval_strategy == "steps" and config.eval_generations is None
         assert config.replace(max_steps=3).eval_generations is None

@@ -205,8 +205,14 @@ def tool_script(lib, output_dir, conversations: list):
     trainer = lib.GRPOTrainer(
         model=model,
         reward_funcs=[recorded_reward],
-        args=small_args(lib, output_dir, per_device_train_batch_size=8, num_generations=8,
-                        max_completion_length=192, max_tool_calling_iterations=2),  # fmt: skip
+        args=small_args(
+            lib,
+            output_dir,
+            per_device_train_batch_size=8,
+            num_generations=8,
+            max_completion_length=192,
+            max_tool_calling_iterations=2,
+        ),  # fmt: skip
         train_dataset=make_calculator_dataset(16, "train", seed=1),
         processing_class=tokenizer,
         tools=[calculator],

@@ -135,6 +135,16 @@ def relative_grad_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
     return diff / max(scale, 1e-30)
 
 
+def perturb_both(ours, theirs, generator: torch.Generator, noise: float) -> None:
+    """The same seeded noise on both policies (noise x each parameter's std), so that pi_theta != pi_ref: the KL
+    term is tested."""
+    with torch.no_grad():
+        for p_ours, p_theirs in zip(ours.parameters(), theirs.parameters(), strict=True):
+            delta = noise * p_ours.std().nan_to_num(0.0) * torch.randn(p_ours.shape, generator=generator)
+            p_ours.add_(delta)
+            p_theirs.add_(delta)
+
+
 def crosscheck(
     path: str = "tiny",
     prompts: int = 4,
@@ -180,13 +190,8 @@ def crosscheck(
             processing_class=tokenizer,
             rollout_func=lambda prompts, trainer: fixed["rollout"],
         )
-    # the same perturbation on both policies, so that pi_theta != pi_ref
     generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p_ours, p_theirs in zip(ours.parameters(), theirs.parameters(), strict=True):
-            delta = noise * p_ours.std().nan_to_num(0.0) * torch.randn(p_ours.shape, generator=generator)
-            p_ours.add_(delta)
-            p_theirs.add_(delta)
+    perturb_both(ours, theirs, generator, noise)
 
     # one fixed rollout batch, sampled by minigrpo
     rollout = sample_group_rollout(ours, tokenizer, dataset["prompt"], config, reference)

@@ -20,7 +20,7 @@ import torch
 from minigrpo.advantages import completion_advantages
 from minigrpo.config import GRPOConfig
 from minigrpo.losses import grpo_loss
-from minigrpo.measuring.crosscheck import load_fp32, relative_grad_diff, trl_config
+from minigrpo.measuring.crosscheck import load_fp32, perturb_both, relative_grad_diff, trl_config
 from minigrpo.models import TINY_MODEL_DIR, make_reference_model
 from minigrpo.rollout import repeat_for_group
 from minigrpo.tasks.arithmetic import correctness_reward
@@ -152,7 +152,7 @@ def crosscheck_tools(path: str = "tiny", max_completion_length: int = 320, beta:
             tools=TOOLS,
         )
     their_trainer._generate_single_turn = _trl_scripted_turns(tokenizer)
-    _perturb(ours, theirs, seed)
+    perturb_both(ours, theirs, torch.Generator().manual_seed(seed), noise=0.05)
 
     # minigrpo: its trainer's own rollout, rewards and loss mask
     stand_in = scripted_generate_completions(tokenizer, max_completion_length)
@@ -208,20 +208,10 @@ def scripted_dataset(n: int = 2):
 def _trl_scripted_turns(tokenizer):
     """TRL's _generate_single_turn written by the script: the prompts' first turns, then each later turn."""
 
-    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def generate(prompt_ids, *_, **__):  # (prompt_ids, images, multimodal_fields, num_generations, ...)
         return [scripted_turn(tokenizer, ids, i) for i, ids in enumerate(prompt_ids)], None
 
     return generate
-
-
-def _perturb(ours, theirs, seed: int, noise: float = 0.05) -> None:
-    """The same seeded noise on both policies, so that pi_theta != pi_ref and the KL term is tested."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p_ours, p_theirs in zip(ours.parameters(), theirs.parameters(), strict=True):
-            delta = noise * p_ours.std().nan_to_num(0.0) * torch.randn(p_ours.shape, generator=generator)
-            p_ours.add_(delta)
-            p_theirs.add_(delta)
 
 
 def _report(rollout, mask, rewards, diffs: dict) -> None:
