@@ -94,6 +94,14 @@ def call_tool(call: dict, functions: dict[str, Callable], timeout: float | None)
         return name, {"error": str(error)}, True
 
 
+def run_calls(calls: list[dict], functions: dict[str, Callable], timeout: float | None) -> tuple[list[dict], int]:
+    """One turn's calls, run in order -> (the tool messages, {"role": "tool", "name": ..., "content": str(result)},
+    one per call; how many failed)."""
+    results = [call_tool(call, functions, timeout) for call in calls]
+    messages = [{"role": "tool", "name": name, "content": str(result)} for name, result, _ in results]
+    return messages, sum(failed for _, _, failed in results)
+
+
 def _tool_too_slow(name: str, timeout: float) -> TimeoutError:
     return TimeoutError(f"{name} took more than {timeout:g} s")
 
@@ -195,10 +203,9 @@ def run_episodes(
     while calling and (rounds is None or turn <= rounds):
         contexts, continuing = [], []
         for row in calling:
-            results = [call_tool(call, functions, config.tool_timeout) for call in conversations[row][-1]["tool_calls"]]
-            episodes.tool_calls[row] += len(results)
-            episodes.tool_failures[row] += sum(failed for _, _, failed in results)
-            messages = [{"role": "tool", "name": name, "content": str(result)} for name, result, _ in results]
+            messages, failures = run_calls(conversations[row][-1]["tool_calls"], functions, config.tool_timeout)
+            episodes.tool_calls[row] += len(messages)
+            episodes.tool_failures[row] += failures
             context = prompt_ids[row] + completion_ids[row] + tool_result_ids(tokenizer, messages)
             too_long = len(context) - len(prompt_ids[row]) > budget
             if too_long or (context_length is not None and len(context) >= context_length):
