@@ -17,6 +17,7 @@ from minigrpo.tasks.calculator import (
     make_calculator_dataset,
 )
 from minigrpo.tokenization import TOOLS_CHAT_TEMPLATE, TOOLS_RESPONSE_TEMPLATE, build_tiny_tokenizer, save_tokenizer
+from minigrpo.tool_calling import reads_tool_calls
 
 EPISODE = [
     {"role": "user", "content": "What is 123 * 456?"},
@@ -80,8 +81,16 @@ def test_reward_reads_the_final_answer_of_a_conversation():
     assert reward([EPISODE[:1]] * 3, [right, wrong, guess], answer=["56088"] * 3) == [1.0, 0.0, 1.0]
 
 
+# transformers < 5.13 has no response parsing (tools= is refused there): the tools tokenizer's tests need it
+needs_response_parsing = pytest.mark.skipif(
+    not reads_tool_calls(build_tiny_tokenizer()), reason="transformers < 5.13: no response_template parsing"
+)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
+    if not reads_tool_calls(build_tiny_tokenizer()):
+        pytest.skip("transformers < 5.13: no response_template parsing")
     return build_tiny_tokenizer(tools=True)
 
 
@@ -97,6 +106,7 @@ def test_tools_tokenizer_round_trips(tokenizer, tmp_path):
 
 
 def test_trl_accepts_the_tools_tokenizer(tokenizer):
+    pytest.importorskip("trl", reason="trl is in the test extra")
     from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
     assert supports_tool_calling(tokenizer) and is_chat_template_prefix_preserving(tokenizer)
@@ -110,6 +120,7 @@ def test_parse_response_reads_a_call(tokenizer):
     assert message["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "123 * 456"}}
 
 
+@needs_response_parsing
 def test_bundled_tools_model_loads_and_holds_an_episode():
     model, tokenizer = load_model_and_tokenizer("tiny-tools", device="cpu")
     assert tokenizer.response_template == TOOLS_RESPONSE_TEMPLATE
