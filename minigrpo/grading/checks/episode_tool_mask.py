@@ -382,4 +382,4 @@ def check_masked_episode_loss(masked_episode_loss: Callable) -> CheckResult:
     return run_check("check_masked_episode_loss", masked_episode_loss)
 
 
-EXERCISE = exercise("16_episode_tool_mask", [check_episode_tool_mask, check_masked_episode_loss], solution_seconds=60)
+EXERCISE = exercise("16_episode_tool_mask", [check_episode_tool_mask, check_masked_episode_loss], solution_seconds=50)
