@@ -725,6 +725,23 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
     assert "your code raised ZeroDivisionError" in crashed_row["lost_points"]
 
 
+def test_exercise_16_graded_its_solution_earns_11_of_11_and_its_bare_exercise_0(tmp_path):
+    """The judge, in its own process, renders fresh episodes from its secret: the solution passes every case (the
+    hidden ones too) and the handout's stubs fail every one, as not implemented."""
+    for folder in ("solutions", "exercises"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(ROOT / folder / "16_episode_tool_mask.ipynb", tmp_path / folder)
+    result = run_grade(tmp_path, "--json", "--jobs", 2)
+    assert result.returncode == 0, result.stderr
+    by_folder = {Path(n["path"]).parent.name: n for n in json.loads(result.stdout)["notebooks"]}
+    solution, bare = by_folder["solutions"], by_folder["exercises"]
+    assert (solution["exercise"], solution["points"], solution["max_points"]) == ("16_episode_tool_mask", 11, 11)
+    assert solution["errors"] == [] and solution["seconds"] < grading.EXERCISES["16_episode_tool_mask"].time_limit
+    assert (bare["points"], bare["max_points"]) == (0, 11)
+    cases = [case for check in bare["checks"] for case in check["cases"]]
+    assert len(cases) == 9 and all(case["message"].startswith("not implemented yet") for case in cases)
+
+
 def test_the_score_table_lists_exercise_points_max_and_total(tmp_path):
     path = tmp_path / "broken.ipynb"
     nbformat.write(broken_notebook(), path)
