@@ -8,6 +8,7 @@ solutions/ gives full marks and exercises/ (as generated) zero.
 
 import csv
 import json
+import random
 import re
 import shutil
 import subprocess
@@ -23,10 +24,20 @@ from minigrpo import grading
 from minigrpo.advantages import group_baseline, group_relative_advantages, zero_std_groups
 from minigrpo.course.kl_gradients import KL_DIRECTIONS, expected_kl_loss_gradient
 from minigrpo.dynamic_sampling import fill_batch, informative_groups
+from minigrpo.grading.checks import episode_tool_mask as tool_mask_checks
 from minigrpo.grading.checks.completion_mask import MISTAKES as MASK_MISTAKES
 from minigrpo.grading.checks.masked_mean_and_logprobs import logps_reference
+from minigrpo.grading.framework import case_seed, drawn_from
 from minigrpo.logprobs import masked_mean
-from minigrpo.losses import aggregate_loss, clip_fractions, clipped_surrogate, importance_ratio, kl_penalty
+from minigrpo.losses import (
+    aggregate_loss,
+    clip_fractions,
+    clipped_surrogate,
+    grpo_loss,
+    importance_ratio,
+    kl_penalty,
+    reinforce_loss,
+)
 from minigrpo.ppo import compute_gae
 from minigrpo.rollout import completion_mask_from_eos
 from minigrpo.run.schedule import lr_at
@@ -113,6 +124,43 @@ def fill_batch_overshooting(generate_round, num_groups_wanted, max_rounds):
         kept += [(rounds, group) for group in keep.nonzero()[:, 0].tolist()]
         rounds += 1
     return kept, rounds
+
+
+def episode_tool_mask(completion_ids, eos_id, assistant_header_ids, start=1, end=0, eos_trained=True):
+    """Exercise 16's solution, a learner's own code; each argument plants one mistake: start=0 starts the tool's span
+    at the call's EOS, end=-1 ends it before the header's last token, eos_trained=False masks every EOS."""
+    ids, header = completion_ids.tolist(), list(assistant_header_ids)
+    mask = torch.ones_like(completion_ids)
+    t = 0
+    while t < len(ids) - 1:
+        if ids[t] != eos_id:
+            t += 1
+            continue
+        stop = t + 1
+        while stop < len(ids) and ids[stop : stop + len(header)] != header:
+            stop += 1
+        stop = min(stop + len(header), len(ids))
+        mask[t + start : stop + end] = 0
+        t = stop
+    return mask if eos_trained else mask * (completion_ids != eos_id)
+
+
+def tool_mask_on_the_call(completion_ids, eos_id, assistant_header_ids):
+    """The call masked instead of the result: 0 from each calling turn's first token through its EOS."""
+    right = episode_tool_mask(completion_ids, eos_id, assistant_header_ids)
+    mask, turn_start = torch.ones_like(right), 0
+    for t in range(1, len(right)):
+        if right[t - 1] == 1 and right[t] == 0:  # the call ended at t - 1 (its EOS)
+            mask[turn_start:t] = 0
+        if right[t - 1] == 0 and right[t] == 1:
+            turn_start = t
+    return mask
+
+
+def masked_episode_loss(per_token_logps, advantages, completion_mask, tool_mask, use_tool_mask=True):
+    trained = completion_mask * tool_mask if use_tool_mask else completion_mask
+    per_token = -advantages.unsqueeze(1) * per_token_logps * trained
+    return (per_token.sum(1) / trained.sum(1).clamp(min=1)).mean()
 
 
 def make_grpo_step(scale_rewards=None, clip=True, scale_micro_batches=True):
@@ -219,6 +267,12 @@ CHECKS = {
     ),
     "check_informative_groups": (informative_groups, drop_any_equal_pair, "ALL its rewards are equal"),
     "check_fill_batch": (fill_batch, fill_batch_overshooting, "drop the extra groups"),
+    "check_episode_tool_mask": (episode_tool_mask, tool_mask_on_the_call, "masked the model's calling turn"),
+    "check_masked_episode_loss": (
+        masked_episode_loss,
+        lambda *args: masked_episode_loss(*args, use_tool_mask=False),
+        "the tool's tokens were counted",
+    ),
 }
 
 
@@ -299,6 +353,80 @@ def test_the_package_s_dynamic_sampling_earns_none(capsys):
 
 
 # --- errors, timeouts, records ------------------------------------------------------------
+# Exercise 16: the three typical mistakes of the lesson, each a learner's function, each loses points with its hint
+TOOL_MASK_MISTAKES = {
+    "call_masked": tool_mask_on_the_call,
+    "starts_at_eos": lambda ids, eos, header: episode_tool_mask(ids, eos, header, start=0),
+    "ends_early": lambda ids, eos, header: episode_tool_mask(ids, eos, header, end=-1),
+    "eos_masked": lambda ids, eos, header: episode_tool_mask(ids, eos, header, eos_trained=False),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(TOOL_MASK_MISTAKES))
+def test_each_episode_tool_mask_mistake_loses_points_with_its_hint(mistake, capsys):
+    result = grading.check_episode_tool_mask(TOOL_MASK_MISTAKES[mistake])
+    print(f"{mistake}: {result.points:g}/{result.max_points:g}", file=sys.stderr)
+    assert result.points < result.max_points
+    failed = [c for c in result.cases if not c.passed]
+    assert any(tool_mask_checks.MISTAKES[mistake] in c.message for c in failed), [c.message for c in failed]
+    # every failure names a known mistake (masking every EOS of an episode cut short is starting at the call's EOS)
+    assert all(any(hint in c.message for hint in tool_mask_checks.MISTAKES.values()) for c in failed)
+
+
+def test_the_episode_tool_mask_solution_earns_full_marks_and_the_package_s_loss_earns_none(capsys):
+    assert grading.check_episode_tool_mask(episode_tool_mask).points == 7
+    assert grading.check_masked_episode_loss(masked_episode_loss).points == 4
+    package_loss = lambda logps, advantages, mask, tool_mask: reinforce_loss(logps, advantages, mask * tool_mask)  # noqa: E731
+    assert grading.check_masked_episode_loss(package_loss).points == 0
+    assert grading.check_episode_tool_mask(tool_mask_checks.mask_from_spans).points == 0
+    assert "minigrpo.losses.reinforce_loss" in capsys.readouterr().out
+
+
+def test_the_tool_mask_rule_is_the_mask_the_package_assembles_on_every_drawn_episode():
+    """The hand-made cases' key (the rule on ids) and the template cases' key (the episode as minigrpo.tool_calling
+    assembles it) agree; the drawn episodes cover 0, 1 and 2 rounds, two calls in a turn, a last turn cut short and an
+    episode that ends with its call, and change with the grader's secret."""
+    header, seen = tool_mask_checks.assistant_header_ids(), set()
+    rng = random.Random(0)
+    for _ in range(200):
+        ids, mask = tool_mask_checks.random_episode(rng)
+        assert tool_mask_checks.mask_from_spans(ids, 258, header).tolist() == mask
+        assert episode_tool_mask(torch.tensor(ids), 258, header).tolist() == mask
+        spans = tool_mask_checks.tool_spans(ids, 258, header)
+        seen.add(len(spans))
+        last_turn = bytes(token for token in ids[spans[-1][1] if spans else 0 :] if token < 256)
+        seen.add("cut short" if ids[-1] != 258 else "ends with its call" if b"</tool_call>" in last_turn else "")
+        seen |= {"two calls" for eos, stop in spans if ids[eos + 1 : stop].count(258) == 2}
+    assert {0, 1, 2, "cut short", "ends with its call", "two calls"} <= seen
+
+    def first_drawn(secret):
+        with drawn_from(secret):
+            return tool_mask_checks.random_episode(random.Random(case_seed(16)))[0]
+
+    assert first_drawn(b"a" * 32) != first_drawn(b"b" * 32)
+
+
+def test_the_masked_episode_loss_reference_has_grpo_loss_s_gradient():
+    """Exercise 16's key is reinforce_loss over completion_mask * tool_mask; its gradient is grpo_loss's at ratio 1,
+    beta 0, loss_type grpo on the same tensors (Trainer.loss_mask: rollout.trained_mask)."""
+    from minigrpo import GRPOConfig
+
+    logps, advantages, completion_mask, tool_mask = tool_mask_checks._random_loss_inputs(
+        torch.Generator().manual_seed(0)
+    )
+    ours, theirs = logps.clone().requires_grad_(), logps.clone().requires_grad_()
+    config = GRPOConfig.tiny_cpu(beta=0.0, loss_type="grpo")
+    tool_mask_checks.loss_reference(ours, advantages, completion_mask, tool_mask).backward()
+    grpo_loss(theirs, None, None, advantages, completion_mask * tool_mask, config)[0].backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, atol=1e-7, rtol=0)
+    assert (ours.grad[(completion_mask * tool_mask) == 0] == 0).all()
+
+
+def test_exercise_16_states_the_template_revision_its_checks_render_with():
+    notebook = (ROOT / "solutions" / "16_episode_tool_mask.ipynb").read_text()
+    assert tool_mask_checks.TEMPLATE_SHA256 in notebook, "the tools chat template changed: re-read exercise 16"
+
+
 def test_an_exception_in_the_learners_code_is_a_failed_case_with_its_last_line():
     def broken(*args, **kwargs):
         raise ValueError("boom")
@@ -595,6 +723,23 @@ def test_grading_solutions_gives_full_marks_and_exercises_zero(tmp_path):
     assert sum(float(r["max_points"]) for r in rows) == report["max_points"]
     (crashed_row,) = [r for r in rows if r["exercise"] == "(broken)" and r["check"] == "check_kl_k3"]
     assert "your code raised ZeroDivisionError" in crashed_row["lost_points"]
+
+
+def test_exercise_16_graded_its_solution_earns_11_of_11_and_its_bare_exercise_0(tmp_path):
+    """The judge, in its own process, renders fresh episodes from its secret: the solution passes every case (the
+    hidden ones too) and the handout's stubs fail every one, as not implemented."""
+    for folder in ("solutions", "exercises"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(ROOT / folder / "16_episode_tool_mask.ipynb", tmp_path / folder)
+    result = run_grade(tmp_path, "--json", "--jobs", 2)
+    assert result.returncode == 0, result.stderr
+    by_folder = {Path(n["path"]).parent.name: n for n in json.loads(result.stdout)["notebooks"]}
+    solution, bare = by_folder["solutions"], by_folder["exercises"]
+    assert (solution["exercise"], solution["points"], solution["max_points"]) == ("16_episode_tool_mask", 11, 11)
+    assert solution["errors"] == [] and solution["seconds"] < grading.EXERCISES["16_episode_tool_mask"].time_limit
+    assert (bare["points"], bare["max_points"]) == (0, 11)
+    cases = [case for check in bare["checks"] for case in check["cases"]]
+    assert len(cases) == 9 and all(case["message"].startswith("not implemented yet") for case in cases)
 
 
 def test_the_score_table_lists_exercise_points_max_and_total(tmp_path):

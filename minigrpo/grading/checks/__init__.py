@@ -30,6 +30,7 @@ capstone's runs) and `own_code` (the capstone's notebook read for the package's 
 | 13 | gae_for_ppo | check_compute_gae |
 | 14 | failure_modes | check_failure_modes |
 | 15 | dynamic_sampling | check_informative_groups, check_fill_batch |
+| 16 | episode_tool_mask | check_episode_tool_mask, check_masked_episode_loss |
 """
 
 from minigrpo.grading.checks import (  # noqa: F401 (imported to register their checks)
@@ -37,6 +38,7 @@ from minigrpo.grading.checks import (  # noqa: F401 (imported to register their 
     clipped_surrogate,
     completion_mask,
     dynamic_sampling,
+    episode_tool_mask,
     failure_modes,
     gae_for_ppo,
     group_relative_advantages,
