@@ -30,6 +30,7 @@ LESSONS = [
     "04b_the_update_loop",
     "06b_what_rl_changes",
     "08_from_minigrpo_to_trl",
+    "09_tools_and_multi_turn_episodes",
 ]
 
 spec = importlib.util.spec_from_file_location("stamp_colab", ROOT / "scripts" / "stamp_colab.py")
@@ -139,7 +140,7 @@ def test_lesson_shape(name):
     code = "\n".join(cell.source for cell in nb.cells if cell.cell_type == "code")
     number = name.split("_")[0]  # "03", or "02b" for a lesson placed between 02 and 03
     assert markdown[1].startswith(f"# {number} ") and "**The question.**" in markdown[1]
-    assert "from minigrpo import course" in code and "course.describe()" in code
+    assert "from minigrpo import course" in code and "course.describe(" in code  # describe("tiny-tools") in 09
     assert "## Summary" in markdown[-1] and PRACTICE in markdown[-1]
     headings = re.findall(r"^## .*$", "\n".join(markdown), flags=re.M)
     assert headings[-1] == PRACTICE, f"{name}: the lesson ends with its graded exercises ({PRACTICE})"

@@ -37,6 +37,7 @@ YOUR_TURNS = {
     "04_grpo_objective": "your-turn-clip",
     "04b_the_update_loop": "your-turn-micro-batches",
     "07_variants_and_failure_modes": "your-turn-rloo",
+    "09_tools_and_multi_turn_episodes": "your-turn-tool-mask",
 }
 ANSWER = re.compile(r"\A<details>\n<summary>[^<]+</summary>\n\n```python\n(?P<code>.*?)\n```\n\n</details>\Z", re.S)
 

@@ -1,6 +1,7 @@
 """A lesson's "your turn": the learner writes an idea's few lines, and a check compares them with the package.
 
-Lessons 01, 02, 02b, 02c, 03, 04, 04b and 07 each have one, in four cells (tests/test_your_turn.py holds them to it):
+Lessons 01, 02, 02b, 02c, 03, 04, 04b, 07 and 09 each have one, in four cells (tests/test_your_turn.py holds them
+to it):
 
     your-turn-<name>-task    markdown: what to write, in the lesson's symbols
     your-turn-<name>         the learner's function; as committed, its body is `raise NotImplementedError`
