@@ -218,6 +218,9 @@ FIELDS_ADDED = {
     "vllm_importance_sampling_clip_max": ("0.3.0", 3.0),
     "vllm_importance_sampling_clip_min": ("0.3.0", None),
     "vllm_importance_sampling_cap": ("0.3.0", None),
+    # tools: 0.1 / 0.2 had none, and without tools neither field changes anything
+    "max_tool_calling_iterations": ("0.3.0", None),
+    "tool_timeout": ("0.3.0", 10.0),
 }
 """Config fields added since checkpoints became readable (format 2, minigrpo 0.1.0): name -> (the release that added
 it, the value every run before it behaved as). A checkpoint that lacks one is compared as if it held that value;
