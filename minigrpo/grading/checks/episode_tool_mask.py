@@ -246,13 +246,14 @@ def _mask_cases() -> list[Case]:
         Case("hand-made: a call, the tool's turn, the answer", 0.5, hand),
         Case("no tool round: one turn, a turn cut short, an episode that ends with its call", 0.5, no_round),
         Case("hand-made: two rounds, the last turn cut short (no EOS)", 0.5, two_rounds),
-        Case("the lesson's episode through the tools model's chat template", 1, worked),
+        Case("the lesson's episode through the tools model's chat template", 0.5, worked),
         Case(
             "results that look like anything: digits like token ids, an error naming the assistant",
-            1.5,
+            1,
             results_that_look_like_anything,
         ),
-        Case("12 episodes rendered through the chat template, drawn from the grader's seed (seed 16)", 3, hidden),
+        # more than half of the points on drawn episodes: a replay of another grading's answers earns under half
+        Case("12 episodes rendered through the chat template, drawn from the grader's seed (seed 16)", 4, hidden),
     ]
 
 
