@@ -38,7 +38,7 @@ from minigrpo.models import (
     build_tiny_tokenizer,
     count_parameters,
 )
-from minigrpo.rollout import render_prompts
+from minigrpo.rollout import render_prompts, sample_completions
 from minigrpo.run.evaluation import evaluate_model
 from minigrpo.tasks.arithmetic import correctness_reward, make_arithmetic_dataset
 from minigrpo.tasks.calculator import calculator, make_calculator_dataset
@@ -250,92 +250,29 @@ def tools_sft_batch(tokenizer, rows: dict, call_tool: list[bool]) -> dict[str, t
     return build_segments_batch(pieces, tokenizer)
 
 
-def _generate(model, tokenizer, id_rows: list[list[int]], max_new_tokens: int, seed: int) -> list[list[int]]:
-    """Sample (temperature 1, no top-k or top-p) a continuation of each row of ids, left-padded into one batch;
-    each continuation is cut after its first <|im_end|>."""
-    width = max(map(len, id_rows))
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    input_ids = torch.tensor([[pad] * (width - len(row)) + row for row in id_rows])  # (n, P)
-    attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in id_rows])  # (n, P)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0, top_k=None,
-            top_p=None, max_new_tokens=max_new_tokens, pad_token_id=pad,
-        )  # fmt: skip
-    continuations = []
-    for row in output[:, width:].tolist():  # (n, T)
-        continuations.append(row[: row.index(eos) + 1] if eos in row else [t for t in row if t != pad])
-    return continuations
-
-
 def tool_use_stats(model, tokenizer, dataset, samples: int = 200, batch_size: int = 50, seed: int = 0) -> dict:
-    """How the tools model starts: sample the first turn of `samples` problems at temperature 1; where it is a
-    valid calculator call, run the tool, append the tool suffix and sample the answer turn.
-
-    Returns call_rate (a parsed calculator call with an "expression" string), malformed_call_rate (a first turn
-    that opens <tool_call> but is no such call), right_call_rate (of calls: the expression is the question's),
-    accuracy (correctness_reward of the last turn), accuracy_given_call and accuracy_given_no_call (None where
-    there is no such sample). One sample per problem, `samples` problems.
-    """
-    model.eval()
-    calls, malformed, right_calls, correct, correct_given_call = 0, 0, 0, 0, 0
+    """How the tools model starts: one episode for each of the first `samples` problems, sampled at temperature 1
+    by the package's own tool loop (rollout.sample_completions with tools=[calculator], at GRPOConfig.
+    tiny_tools_cpu()'s lengths), each from its own seed. Returns call_rate (the share of episodes with a call),
+    accuracy (correctness_reward of the final answer), accuracy_given_call and accuracy_given_no_call (None where
+    there is no such episode)."""
+    config = GRPOConfig.tiny_tools_cpu()
+    right, called = [], []
     for start in range(0, samples, batch_size):
         rows = dataset[start : min(start + batch_size, samples)]
-        prompts = [
-            tokenizer(render_tools_chat(tokenizer, p, True), add_special_tokens=False)["input_ids"]
-            for p in rows["prompt"]
-        ]
-        first_turns = _generate(model, tokenizer, prompts, 128, seed + start)
-        finals, second_inputs = [None] * len(prompts), {}
-        for i, (prompt_ids, turn) in enumerate(zip(prompts, first_turns, strict=True)):
-            try:
-                message = tokenizer.parse_response(turn, prefix=prompt_ids)
-            except ValueError:  # a <tool_call> whose JSON does not parse
-                message = {}
-            expression = _called_expression(message)
-            malformed += expression is None and tokenizer.decode(turn).startswith("<tool_call>")
-            if expression is None:
-                finals[i] = message.get("content") or tokenizer.decode(turn, skip_special_tokens=True)
-                continue
-            calls += 1
-            right_calls += expression == rows["question"][i]
-            try:
-                result = calculator(expression)
-            except ValueError as error:
-                result = f"error: {error}"
-            suffix = tokenizer(tool_suffix(tokenizer, result), add_special_tokens=False)["input_ids"]
-            second_inputs[i] = prompt_ids + turn + suffix
-        if second_inputs:
-            second_turns = _generate(model, tokenizer, list(second_inputs.values()), 32, seed + start + 1)
-            for i, turn in zip(second_inputs, second_turns, strict=True):
-                finals[i] = tokenizer.decode(turn, skip_special_tokens=True)
-        rewards = correctness_reward(None, finals, answer=rows["answer"])
-        correct += sum(rewards)
-        correct_given_call += sum(r for i, r in enumerate(rewards) if i in second_inputs)
-    no_calls = samples - calls
+        seeds = [seed * 1_000_003 + start + i for i in range(len(rows["prompt"]))]  # one per problem
+        rollout = sample_completions(model, tokenizer, rows["prompt"], config, 1, seeds, [calculator])
+        right += correctness_reward(None, rollout.conversations, answer=rows["answer"])
+        called += (rollout.tool_calls > 0).tolist()
+    given_call = [r for r, c in zip(right, called, strict=True) if c]
+    given_no_call = [r for r, c in zip(right, called, strict=True) if not c]
     return {
         "samples": samples,
-        "call_rate": calls / samples,
-        "malformed_call_rate": malformed / samples,
-        "right_call_rate": right_calls / calls if calls else None,
-        "accuracy": correct / samples,
-        "accuracy_given_call": correct_given_call / calls if calls else None,
-        "accuracy_given_no_call": (correct - correct_given_call) / no_calls if no_calls else None,
+        "call_rate": sum(called) / samples,
+        "accuracy": sum(right) / samples,
+        "accuracy_given_call": sum(given_call) / len(given_call) if given_call else None,
+        "accuracy_given_no_call": sum(given_no_call) / len(given_no_call) if given_no_call else None,
     }
-
-
-def _called_expression(message: dict) -> str | None:
-    """The expression of a parsed reply's one calculator call, or None when it is not exactly that."""
-    tool_calls = message.get("tool_calls") or []
-    if len(tool_calls) != 1 or not isinstance(tool_calls[0], dict):
-        return None
-    function = tool_calls[0].get("function") or {}
-    arguments = function.get("arguments") if isinstance(function, dict) else None
-    if function.get("name") != "calculator" or not isinstance(arguments, dict):
-        return None
-    expression = arguments.get("expression")
-    return expression if isinstance(expression, str) else None
 
 
 def pretrain_tiny_tools(
@@ -400,8 +337,8 @@ def pretrain_tiny_tools(
     stats = tool_use_stats(model, tokenizer, test, samples=eval_samples, seed=seed)
     print(
         f"saved to {output_dir} after {time.perf_counter() - started:.0f}s. On {eval_samples} held-out problems, "
-        f"sampled at temperature 1: calls the tool {stats['call_rate']:.1%} of the time (right expression in "
-        f"{_percent(stats['right_call_rate'])} of calls), accuracy {stats['accuracy']:.1%}; given a call "
+        f"sampled at temperature 1: calls the tool {stats['call_rate']:.1%} of the time, accuracy "
+        f"{stats['accuracy']:.1%}; given a call "
         f"{_percent(stats['accuracy_given_call'])}, given no call {_percent(stats['accuracy_given_no_call'])}"
     )
     return stats
