@@ -67,7 +67,14 @@ SLOW_TESTS = [
     "tests/test_instructors_guide.py",
     "tests/test_grading_replay.py",  # every check under several secrets, and a graded class: minutes
 ]
-SLOW_CASES = ["tests/test_grading.py::test_grading_solutions_gives_full_marks_and_exercises_zero"]
+SLOW_CASES = [
+    "tests/test_grading.py::test_grading_solutions_gives_full_marks_and_exercises_zero",
+    # Python's profile hooks, not a dependency's version, decide this one (the same Python and torch run in both
+    # environments). In this environment its worker has twice spun for over ten minutes inside
+    # ReferenceWatch.__enter__ (py-spy: the __exit__ of _set_profile's block), cause not found yet. The main run keeps
+    # it.
+    "tests/test_grading_sandbox.py::test_the_watch_sees_the_reference_in_threads_it_starts_and_refuses_a_process",
+]
 
 
 def lowest_pins(pyproject: dict, extras: tuple[str, ...] = EXTRAS) -> list[str]:
