@@ -361,7 +361,21 @@ def in_a_child_process(reference):
     subprocess.run([sys.executable, "-c", "pass"], check=True)
 
 
+IN_A_FRESH_INTERPRETER = "MINIGRPO_WATCH_TEST_CHILD"
+
+
 def test_the_watch_sees_the_reference_in_threads_it_starts_and_refuses_a_process():
+    """Run in a fresh interpreter (this test, in a pytest of its own): at the end of two full runs, in a worker that
+    earlier tests had left with threads of their own (TRL's event loops, tqdm's monitor), the first watch's
+    __enter__ spun for over ten minutes (py-spy: the __exit__ of _set_profile's block); alone it never has. The cause
+    is not found yet: until it is, the suite cannot hang on it, and a hang here fails after 300 s."""
+    if os.environ.get(IN_A_FRESH_INTERPRETER) != "1":
+        test = f"{__file__}::test_the_watch_sees_the_reference_in_threads_it_starts_and_refuses_a_process"
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test]
+        done = subprocess.run(command, env={**os.environ, IN_A_FRESH_INTERPRETER: "1"}, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return
     reference = "minigrpo.losses.kl_penalty"
     assert watched_run(lambda reference: reference()) == (reference, True, None)
     assert watched_run(in_a_thread) == (reference, True, None)
