@@ -137,19 +137,12 @@ def test_qwen25_reads_its_own_tool_calls_with_the_tool_calling_loop(tokenizer):
     """tools= with Qwen2.5: its chat template writes calls as <tool_call> JSON, so check_tool_support gives the
     tokenizer TOOLS_RESPONSE_TEMPLATE (as TRL's add_response_schema gives it its own), and a call written as Qwen's
     own tokens (<tool_call> is one added token) parses into the call."""
+    from minigrpo.tasks.calculator import calculator
     from minigrpo.tokenization import TOOLS_RESPONSE_TEMPLATE
     from minigrpo.tool_calling import check_tool_support, parse_turn, reads_tool_calls, tool_result_ids
 
     if not reads_tool_calls(tokenizer):
         pytest.skip("transformers < 5.13: tools= is refused there")
-
-    def calculator(expression: str) -> str:
-        """Evaluate an expression.
-
-        Args:
-            expression: integers with + - *.
-        """
-        return "6"
 
     try:
         check_tool_support(tokenizer, [calculator])
