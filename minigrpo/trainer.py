@@ -718,8 +718,9 @@ class GRPOTrainer(Trainer):
             seeds = distributed.group_seeds(config.seed, self.step, (f"eval/{i}" for i in chunk))
             # pi_old's log-probs, kept: at evaluation they are the policy's, scored in groups of G'
             rollout = sample_group_rollout(
-                self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G, True, self.tools
-            )
+                self.model, self.tokenizer, batch["prompt"], config, self.ref_model, seeds, G,
+                with_old_logps=True, tools=self.tools,
+            )  # fmt: skip
             _, rewards = self.score(batch, rollout, G)
             rollouts.append(rollout)
             advantages.append(completion_advantages(rewards.to(self.device), config, G))  # as update, in groups of G'
